@@ -1,0 +1,52 @@
+"""The environment contract: what a rule needs to be trained against.
+
+An environment is a small object with tools, a system prompt, a way to read
+the ground truth ("case") out of a prompt, and a reward that is a plain
+function of the reply. A reply *passes* when its raw score is at least 1.0.
+A second environment is one new module that defines such an object and is
+registered in ``posttrain.envs`` (or named as ``module:attribute``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+PASS_THRESHOLD = 1.0
+
+
+@runtime_checkable
+class Env(Protocol):
+    """What every environment provides. See ``posttrain.envs.refund`` for one."""
+
+    name: str
+    #: the categories ``category()`` can return, in display order
+    categories: tuple[str, ...]
+    #: OpenAI function-tool schemas the policy may call
+    tools: list[dict[str, Any]]
+    #: the full system prompt: policy text, tool list and wire-format instruction
+    system: str
+
+    def messages_for(self, prompt: str) -> list[dict[str, str]]:
+        """Chat messages (system, user) that the policy answers."""
+        ...
+
+    def case_for(self, prompt: str) -> dict[str, Any]:
+        """Ground truth read from the prompt text alone (never trusted from a file)."""
+        ...
+
+    def category(self, case: dict[str, Any]) -> str:
+        """The prompt category of a case, one of ``categories``."""
+        ...
+
+    def score(self, reply: str, case: dict[str, Any]) -> float:
+        """Raw rule score of the reply in [0, 1]; 1.0 or more is a pass."""
+        ...
+
+    def markers(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
+        """Side measurements of the reply (0/1 floats), e.g. ``well_formed``."""
+        ...
+
+
+def passes(score: float) -> bool:
+    """True when a raw score counts as a pass (at least 1.0)."""
+    return score >= PASS_THRESHOLD

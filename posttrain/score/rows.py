@@ -1,0 +1,128 @@
+"""Grading: sample k replies per prompt from an agent and score them into rows.
+
+A graded row (one per sample) is the record every statistic, report and
+trainer reads::
+
+    {"prompt", "scenario_id", "category", "sample", "reply", "score", "reward",
+     "markers", "policy", "sampling", "eval_run"}
+
+``score`` is the environment's raw rule score (or a judge's), ``reward`` is 1
+when it passes (score >= 1.0) and 0 otherwise. Each sample gets its own seed,
+derived from (seed, eval_run, scenario, prompt, sample index) with SHA-256, so a
+seeded evaluation is reproducible and two ``eval_run`` values of the same policy
+are independent re-evaluations (what the noise band is made of).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from posttrain.envs.base import Env, passes
+from posttrain.policy.agents import BatchAgent, stable_seed
+
+Judge = Callable[[str, dict[str, Any]], Any]
+Progress = Callable[[int, int], None]
+
+DEFAULT_CHUNK = 64
+
+
+def sample_seed(seed: int, eval_run: int, record: dict[str, Any], sample: int) -> int:
+    """The sampling seed of one sample of one prompt in one evaluation run."""
+    return stable_seed("grade", seed, eval_run, record["scenario_id"], record["prompt"], sample)
+
+
+def _judge_score(judge: Judge, reply: str, record: dict[str, Any]) -> float:
+    """A judge may return a bool, a number in [0, 1], or a dict with ``score``/``reward``."""
+    verdict = judge(reply, record)
+    if isinstance(verdict, dict):
+        verdict = verdict.get("score", verdict.get("reward"))
+    if isinstance(verdict, bool):
+        return 1.0 if verdict else 0.0
+    if not isinstance(verdict, (int, float)) or not 0.0 <= float(verdict) <= 1.0:
+        raise ValueError(
+            f"the judge returned {verdict!r} for scenario {record['scenario_id']}: "
+            "expected a bool, a number in [0, 1], or a dict with 'score'"
+        )
+    return float(verdict)
+
+
+def grade_replies(
+    env: Env,
+    requests: Sequence[tuple[dict[str, Any], int, int]],
+    replies: Sequence[str],
+    *,
+    policy: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
+    eval_run: int = 0,
+    judge: Judge | None = None,
+) -> list[dict[str, Any]]:
+    """Score replies already sampled: ``requests[i] = (record, sample_index, seed)``."""
+    rows = []
+    for (record, sample, seed), reply in zip(requests, replies, strict=True):
+        case = env.case_for(record["prompt"])
+        raw = _judge_score(judge, reply, record) if judge else env.score(reply, case)
+        rows.append(
+            {
+                "prompt": record["prompt"],
+                "scenario_id": str(record["scenario_id"]),
+                "category": env.category(case),
+                "sample": sample,
+                "reply": reply,
+                "score": raw,
+                "reward": 1 if passes(raw) else 0,
+                "markers": env.markers(reply, case),
+                "policy": dict(policy or {}),
+                "sampling": {**(sampling or {}), "seed": seed},
+                "eval_run": eval_run,
+            }
+        )
+    return rows
+
+
+def grade(
+    env: Env,
+    prompts: Sequence[dict[str, Any]],
+    agent: Any,
+    k: int = 4,
+    *,
+    seed: int = 0,
+    eval_run: int = 0,
+    judge: Judge | None = None,
+    progress: Progress | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> list[dict[str, Any]]:
+    """Sample ``k`` replies per prompt from ``agent`` and return graded rows.
+
+    ``agent`` is a plain callable ``messages -> reply`` or a batch agent (see
+    ``posttrain.policy.agents``). ``judge``, when given, replaces the
+    environment's score: ``judge(reply, prompt_record)`` returning a bool, a
+    number in [0, 1] or a dict with ``score``. ``progress(done, total)`` is
+    called after each chunk. Rows come out in prompt order, samples in order.
+    """
+    if k < 1:
+        raise ValueError(f"k (samples per prompt) must be at least 1, got {k}")
+    requests = [
+        (record, sample, sample_seed(seed, eval_run, record, sample))
+        for record in prompts
+        for sample in range(k)
+    ]
+    is_batch = isinstance(agent, BatchAgent)
+    policy = getattr(agent, "policy", {"agent": getattr(agent, "__name__", type(agent).__name__)})
+    sampling = getattr(agent, "sampling", {})
+    replies: list[str] = []
+    for start in range(0, len(requests), chunk_size):
+        chunk = requests[start : start + chunk_size]
+        conversations = [env.messages_for(record["prompt"]) for record, _, _ in chunk]
+        if is_batch:
+            replies.extend(agent.reply_batch(conversations, [s for _, _, s in chunk]))
+        else:
+            replies.extend(agent(messages) for messages in conversations)
+        if progress is not None:
+            progress(len(replies), len(requests))
+    for reply in replies:
+        if not isinstance(reply, str):
+            raise TypeError(f"the agent returned {type(reply).__name__}, expected str")
+    return grade_replies(
+        env, requests, replies, policy=policy, sampling=sampling, eval_run=eval_run, judge=judge
+    )
