@@ -209,9 +209,10 @@ def keep_category(
     """Keep records whose category equals the one wanted for their scenario.
 
     ``wanted`` maps scenario id to category (e.g. the seed prompt's category
-    for a model-written set). Returns ``(kept, dropped_count)``.
+    for a model-written set); scenarios it does not name are kept. Returns
+    ``(kept, dropped_count)``.
     """
-    kept = [r for r in records if wanted.get(str(r["scenario_id"])) == r["category"]]
+    kept = [r for r in records if wanted.get(str(r["scenario_id"]), r["category"]) == r["category"]]
     return kept, len(records) - len(kept)
 
 

@@ -15,10 +15,14 @@ are independent re-evaluations (what the noise band is made of).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from posttrain.envs.base import Env, passes
+from posttrain.errors import InputFileError
+from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.policy.agents import BatchAgent, stable_seed
 
 Judge = Callable[[str, dict[str, Any]], Any]
@@ -126,3 +130,40 @@ def grade(
     return grade_replies(
         env, requests, replies, policy=policy, sampling=sampling, eval_run=eval_run, judge=judge
     )
+
+
+_REQUIRED_ROW_FIELDS = {
+    "prompt": str,
+    "scenario_id": (str, int),
+    "reward": (int, float),
+    "markers": dict,
+}
+
+
+def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read graded rows from JSONL, checking the fields the statistics need.
+
+    Raises ``InputFileError`` naming the file, line and field.
+    """
+    rows = []
+    for line_number, row in read_jsonl_objects(path):
+        for name, kinds in _REQUIRED_ROW_FIELDS.items():
+            value = row.get(name)
+            if value is None or isinstance(value, bool) or not isinstance(value, kinds):
+                raise InputFileError(
+                    str(path), line_number, name, "missing or of the wrong type for a graded row"
+                )
+        if row["reward"] not in (0, 1):
+            raise InputFileError(str(path), line_number, "reward", "expected 0 or 1")
+        row["scenario_id"] = str(row["scenario_id"])
+        row.setdefault("category", "all")
+        row.setdefault("eval_run", 0)
+        rows.append(row)
+    if not rows:
+        raise InputFileError(str(path), None, None, "the file holds no graded rows")
+    return rows
+
+
+def save_rows(path: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path:
+    """Write graded rows as JSONL atomically (temp file, then rename)."""
+    return write_jsonl_atomic(path, rows)

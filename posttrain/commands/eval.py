@@ -1,0 +1,166 @@
+"""``posttrain eval``: pass@1 of an agent with intervals, overall and by category.
+
+Also ``posttrain eval --compare BEFORE AFTER``: the paired delta of two graded
+row files (same prompts), with the category table and the guard check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from posttrain.commands.agent_args import add_agent_args, build_agent
+from posttrain.data.prepare import DataConfig, prepare_data
+from posttrain.envs import get_env
+from posttrain.errors import PosttrainError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate an agent (pass@1 with intervals, by category) or compare two row files",
+        description=(
+            "Evaluate an agent on a prompt set: k seeded samples per prompt, pass@1 with a "
+            "95%% bootstrap interval over scenarios, and the table by category. With "
+            "--compare, print the paired delta between two graded row files instead."
+        ),
+    )
+    data = parser.add_argument_group("prompts")
+    data.add_argument(
+        "--prompts", type=int, default=200, help="template situations to write (default 200)"
+    )
+    data.add_argument("--prompts-file", default=None, help="JSONL prompt set instead of templates")
+    data.add_argument("--seed", type=int, default=0, help="template writer seed (default 0)")
+    data.add_argument(
+        "--split",
+        choices=("holdout", "train", "all"),
+        default="holdout",
+        help="which prompts to evaluate (default holdout: the ones recipes report on)",
+    )
+    data.add_argument(
+        "--holdout", type=float, default=0.2, help="share of scenarios held out (default 0.2)"
+    )
+    data.add_argument("--env", default="refund", help="environment name or module:attribute")
+    add_agent_args(parser)
+    sampling = parser.add_argument_group("evaluation")
+    sampling.add_argument(
+        "--samples", type=int, default=4, help="samples per prompt, k (default 4)"
+    )
+    sampling.add_argument(
+        "--eval-seed", type=int, default=0, help="sampling seed of the evaluation (default 0)"
+    )
+    sampling.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="evaluate this many times with different sampling seeds and report the spread",
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", default=None, help="write the graded rows (run 0) as JSONL")
+    output.add_argument("--json", action="store_true", help="print a JSON summary instead")
+    output.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        default=None,
+        help="print the paired delta of two graded row files and exit",
+    )
+    output.add_argument(
+        "--noise-from",
+        nargs="+",
+        default=None,
+        metavar="ROWS",
+        help="with --compare: two or more row files of one policy re-evaluated, for the noise band",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        return run_compare(args)
+    from posttrain.score.format import format_group_table
+    from posttrain.score.passat import category_table, pass_at
+
+    if args.samples < 1:
+        raise PosttrainError(f"--samples must be at least 1, got {args.samples}")
+    env = get_env(args.env)
+    data = prepare_data(
+        DataConfig(
+            prompts=args.prompts,
+            prompts_file=args.prompts_file,
+            seed=args.seed,
+            holdout=args.holdout,
+        ),
+        env,
+    )
+    prompts = {"holdout": data.holdout, "train": data.train, "all": data.train + data.holdout}[
+        args.split
+    ]
+    agent = build_agent(args)
+    from posttrain.score.evaluate import evaluate
+
+    print(data.describe(), file=sys.stderr)
+    evaluation = evaluate(
+        env,
+        prompts,
+        agent,
+        samples=args.samples,
+        seed=args.eval_seed,
+        repeats=args.repeats,
+        label=f"evaluating {args.split}",
+    )
+    rows = evaluation.rows
+    if args.out:
+        from posttrain.score.rows import save_rows
+
+        save_rows(args.out, rows)
+    overall = pass_at(rows, seed=args.eval_seed)
+    repeats = [pass_at(run_rows, seed=args.eval_seed).pass_at_1 for run_rows in evaluation.runs]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "split": args.split,
+                    "policy": agent.policy,
+                    "pass_at": overall.to_dict(),
+                    "repeats_pass_at_1": repeats,
+                    "seconds": round(evaluation.seconds, 3),
+                },
+                sort_keys=True,
+            )
+        )
+        return 0
+    print(f"policy: {_describe_policy(agent.policy)}")
+    print(f"{args.split} {overall}  clustered SE {overall.se_clustered:.3f}")
+    if len(repeats) > 1:
+        print("repeats pass@1: " + ", ".join(f"{value:.3f}" for value in repeats))
+    print(format_group_table(category_table(rows, seed=args.eval_seed)))
+    if args.out:
+        print(f"rows written to {args.out}")
+    return 0
+
+
+def _describe_policy(policy: dict) -> str:
+    if policy.get("agent") == "seeded":
+        return f"seeded agent (seed {policy.get('seed')})"
+    return ", ".join(f"{key}={value}" for key, value in policy.items() if value is not None)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from posttrain.score.delta import delta, noise_band
+    from posttrain.score.rows import load_rows
+
+    before = load_rows(args.compare[0])
+    after = load_rows(args.compare[1])
+    noise = None
+    if args.noise_from:
+        if len(args.noise_from) < 2:
+            raise PosttrainError("--noise-from needs two or more row files of the same policy")
+        noise = noise_band([load_rows(path) for path in args.noise_from])
+    report = delta(before, after, by="category", noise=noise)
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+    else:
+        print(report.format())
+    return 0 if report.ok else 1

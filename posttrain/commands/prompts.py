@@ -1,0 +1,132 @@
+"""``posttrain prompts write|stats|split|filter``: build and inspect prompt sets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from posttrain.data.prompts import (
+    drop_near_duplicates,
+    keep_category,
+    load_prompts,
+    save_prompts,
+    split_holdout,
+    split_holdout_stratified,
+    summary,
+)
+from posttrain.data.simulate import simulate
+from posttrain.envs import get_env
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prompts",
+        help="write, inspect, split and filter prompt sets (JSONL)",
+        description="Write, inspect, split and filter prompt sets (JSONL, one record a line).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    write = actions.add_parser(
+        "write", help="write a template prompt set", description="Write a template prompt set."
+    )
+    write.add_argument("out", help="output JSONL file")
+    write.add_argument(
+        "--prompts", type=int, default=200, help="template situations to write (default 200)"
+    )
+    write.add_argument(
+        "--seed", type=int, default=0, help="simulator seed; same seed, same bytes (default 0)"
+    )
+    write.set_defaults(func=run_write)
+
+    stats = actions.add_parser(
+        "stats", help="count prompts, scenarios and categories", description="Count a prompt set."
+    )
+    stats.add_argument("file", help="JSONL prompt file")
+    stats.add_argument("--json", action="store_true", help="print the counts as JSON")
+    stats.set_defaults(func=run_stats)
+
+    split = actions.add_parser(
+        "split",
+        help="split into train and holdout by scenario",
+        description="Split a prompt set into train and holdout files by scenario id.",
+    )
+    split.add_argument("file", help="JSONL prompt file")
+    split.add_argument("--holdout", type=float, default=0.2, help="share of scenarios held out")
+    split.add_argument(
+        "--stratified",
+        action="store_true",
+        help="split within each category so every category is in the holdout",
+    )
+    split.add_argument("--train-out", required=True, help="train JSONL to write")
+    split.add_argument("--holdout-out", required=True, help="holdout JSONL to write")
+    split.set_defaults(func=run_split)
+
+    filter_ = actions.add_parser(
+        "filter",
+        help="drop near duplicates and prompts outside their seed's category",
+        description=(
+            "Filter a model-written set: drop prompts whose category differs from the "
+            "category of their seed prompt (the 'seed' field), then near duplicates "
+            "(word-set Jaccard at or above --jaccard against an earlier kept prompt)."
+        ),
+    )
+    filter_.add_argument("file", help="JSONL prompt file")
+    filter_.add_argument("out", help="filtered JSONL to write")
+    filter_.add_argument(
+        "--jaccard", type=float, default=0.8, help="near-duplicate threshold (default 0.8)"
+    )
+    filter_.set_defaults(func=run_filter)
+
+
+def _print_counts(counts: dict[str, int], label: str = "") -> None:
+    categories = ", ".join(
+        f"{name} {counts[name]}" for name in ("with_id", "no_id", "off_topic") if name in counts
+    )
+    print(f"{label}{counts['prompts']} prompts, {counts['scenarios']} scenarios ({categories})")
+
+
+def run_write(args: argparse.Namespace) -> int:
+    records = simulate(args.prompts, seed=args.seed)
+    save_prompts(args.out, records)
+    _print_counts(summary(records), label=f"wrote {args.out}: ")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    counts = summary(load_prompts(args.file))
+    if args.json:
+        print(json.dumps(counts, sort_keys=True))
+    else:
+        _print_counts(counts, label=f"{args.file}: ")
+    return 0
+
+
+def run_split(args: argparse.Namespace) -> int:
+    records = load_prompts(args.file)
+    splitter = split_holdout_stratified if args.stratified else split_holdout
+    train, holdout = splitter(records, args.holdout)
+    save_prompts(args.train_out, train)
+    save_prompts(args.holdout_out, holdout)
+    _print_counts(summary(train), label=f"train   {args.train_out}: ")
+    _print_counts(summary(holdout), label=f"holdout {args.holdout_out}: ")
+    return 0
+
+
+def run_filter(args: argparse.Namespace) -> int:
+    env = get_env("refund")
+    records = load_prompts(args.file, env=env)
+    wanted: dict[str, str] = {}
+    for record in records:  # a scenario's category is its first seed prompt's
+        if record.get("seed"):
+            wanted.setdefault(
+                str(record["scenario_id"]), env.category(env.case_for(record["seed"]))
+            )
+    in_category, off_category = keep_category(records, wanted)
+    kept, near = drop_near_duplicates(in_category, args.jaccard)
+    save_prompts(args.out, kept)
+    print(
+        f"kept {len(kept)} of {len(records)}: dropped {off_category} outside their seed's "
+        f"category, {near} near duplicates (Jaccard >= {args.jaccard})"
+    )
+    return 0

@@ -1,0 +1,117 @@
+"""From flags to train and holdout prompts: the data step every recipe shares.
+
+The same seed gives the same prompts and the same holdout (the simulator is
+reproducible and the split hashes scenario ids), so two runs that differ only
+in training knobs are evaluated on one holdout and compare paired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.data.prompts import (
+    balance,
+    load_prompts,
+    split_holdout,
+    split_holdout_stratified,
+    summary,
+)
+from posttrain.data.simulate import simulate
+from posttrain.envs.base import Env
+from posttrain.errors import PosttrainError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts come from and how they are split."""
+
+    prompts: int = field(
+        default=200, metadata={"help": "template situations to write prompts from"}
+    )
+    prompts_file: str | None = field(default=None, metadata={"help": "a JSONL prompt set instead"})
+    seed: int = field(default=0, metadata={"help": "the template writer's seed"})
+    holdout: float = field(default=0.2, metadata={"help": "share of scenarios held out"})
+    balance: float = field(default=0.0, metadata={"help": "repeat minority train categories"})
+    stratify: bool | None = field(
+        default=None,
+        metadata={"help": "split within each category; default: only for a prompts file"},
+    )
+
+
+@dataclass
+class PreparedData:
+    """Train and holdout prompt records plus what a person needs to check them."""
+
+    train: list[dict[str, Any]]
+    holdout: list[dict[str, Any]]
+    source: str
+    split: str
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{"train": summary, "holdout": summary}`` (prompts, scenarios, per category)."""
+        return {"train": summary(self.train), "holdout": summary(self.holdout)}
+
+    def describe(self) -> str:
+        """Two readable lines: the source and the split with counts per category."""
+        lines = [f"prompts: {self.source}"]
+        for side, records in (("train", self.train), ("holdout", self.holdout)):
+            counts = summary(records)
+            per_category = ", ".join(
+                f"{name} {counts[name]}"
+                for name in ("with_id", "no_id", "off_topic")
+                if name in counts
+            )
+            lines.append(
+                f"  {side:<8}{counts['prompts']:>5} prompts, {counts['scenarios']:>4} scenarios"
+                f"  ({per_category})"
+            )
+        return "\n".join(lines)
+
+
+def prepare_data(config: DataConfig, env: Env) -> PreparedData:
+    """Build or load the prompt set, split a holdout by scenario, balance the train side.
+
+    Raises ``PosttrainError`` when the holdout or the train side comes out empty,
+    naming the flag to change.
+    """
+    if config.prompts_file:
+        records = load_prompts(config.prompts_file, env=env)
+        source = f"{config.prompts_file} ({len(records)} prompts)"
+    else:
+        if config.prompts < 1:
+            raise PosttrainError(f"--prompts must be at least 1, got {config.prompts}")
+        records = simulate(config.prompts, seed=config.seed)
+        source = f"template simulator, {config.prompts} situations, seed {config.seed}"
+    stratify = bool(config.prompts_file) if config.stratify is None else config.stratify
+    if not 0.0 < config.holdout < 1.0:
+        raise PosttrainError(f"--holdout must be between 0 and 1, got {config.holdout}")
+    if stratify:
+        if not any(
+            len({r["scenario_id"] for r in records if r["category"] == name}) >= 2
+            for name in {r["category"] for r in records}
+        ):
+            raise PosttrainError(
+                "no category has two or more scenarios, so nothing can be held out by "
+                "scenario: give prompts distinct scenario_id values (or more prompts)"
+            )
+        train, holdout = split_holdout_stratified(records, config.holdout)
+    else:
+        train, holdout = split_holdout(records, config.holdout)
+    if not holdout:
+        raise PosttrainError(
+            f"the holdout is empty after splitting {len(records)} prompts at --holdout "
+            f"{config.holdout}: raise --holdout or --prompts"
+        )
+    if not train:
+        raise PosttrainError("every prompt landed in the holdout: lower --holdout")
+    if config.balance > 0:
+        if config.balance >= 1:
+            raise PosttrainError(f"--balance must be below 1, got {config.balance}")
+        train = balance(train, config.balance)
+    return PreparedData(
+        train=train,
+        holdout=holdout,
+        source=source,
+        split="stratified by category, then scenario" if stratify else "hash of scenario id",
+    )

@@ -1,0 +1,64 @@
+"""Progress bars for long work, on stderr so stdout stays clean for results.
+
+``progress_bar(label, total)`` is a context manager yielding ``update(done)``.
+It draws a rich bar (with rate and ETA) on a terminal and prints a few plain
+milestone lines otherwise (CI logs, pipes) once the work has taken a second,
+so long work is never silent and quick work is not noisy.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Update = Callable[[int], None]
+
+
+@contextmanager
+def progress_bar(label: str, total: int, *, enabled: bool = True) -> Iterator[Update]:
+    """Show progress of ``total`` units of work; yields ``update(done_so_far)``."""
+    if not enabled or total <= 0:
+        yield lambda done: None
+        return
+    if sys.stderr.isatty():
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda done: bar.update(task, completed=done)
+        return
+    started = time.monotonic()
+    next_mark = [0.25]
+
+    def update(done: int) -> None:
+        fraction = done / total
+        elapsed = time.monotonic() - started
+        if elapsed >= 1.0 and fraction >= next_mark[0]:  # quick work stays quiet
+            eta = elapsed / fraction - elapsed if fraction > 0 else 0.0
+            print(
+                f"{label}: {done}/{total} ({fraction:.0%}), {elapsed:.0f}s elapsed, "
+                f"eta {eta:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+            while next_mark[0] <= fraction:
+                next_mark[0] += 0.25
+
+    yield update
