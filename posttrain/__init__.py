@@ -25,6 +25,12 @@ _EXPORTS = {
     "grade": "posttrain.score.rows",
     "pass_at": "posttrain.score.passat",
     "delta": "posttrain.score.delta",
+    "noise_band": "posttrain.score.delta",
+    "hack_scan": "posttrain.score.hack_scan",
+    "open_run": "posttrain.runs.store",
+    "NullRun": "posttrain.runs.store",
+    "TrainerCallback": "posttrain.train.callbacks",
+    "HackMonitor": "posttrain.train.monitor",
 }
 
 __all__ = sorted(_EXPORTS)

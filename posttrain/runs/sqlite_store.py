@@ -1,0 +1,340 @@
+"""The default run store: one SQLite file (``runs/posttrain.db``) in WAL mode.
+
+WAL lets one writer append while any number of readers (the dashboard, a second
+terminal) read a consistent snapshot without blocking it. Every op is committed in its
+own short transaction before the call returns, so whatever a training process logged
+before it was killed is in the file: a SIGKILL loses at most the op being written.
+``synchronous=NORMAL`` keeps commits cheap (no fsync per step); it can lose the last
+commits on a power cut, never on a process crash.
+
+Metrics are stored long (one row per run, metric, step) so that reading one curve is
+an index range scan, and a value logged twice at the same step replaces the first
+(which also makes HTTP retries harmless). Batches posted over HTTP carry an id that is
+recorded in the same transaction, so a batch re-sent after a lost reply is applied once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from posttrain.runs.downsample import min_max_indices
+from posttrain.runs.ops import OpWriter, RunStoreError, check_run_name, validate_ops
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    name TEXT PRIMARY KEY,
+    config TEXT NOT NULL DEFAULT '{}',
+    summary TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL DEFAULT 'running',
+    started REAL, updated REAL, finished REAL,
+    last_step INTEGER, total_steps INTEGER, eta REAL
+);
+CREATE TABLE IF NOT EXISTS metric_names (
+    run TEXT NOT NULL, name TEXT NOT NULL, PRIMARY KEY (run, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS metrics (
+    run TEXT NOT NULL, name TEXT NOT NULL, step INTEGER NOT NULL, value REAL NOT NULL,
+    time REAL, PRIMARY KEY (run, name, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS notes (
+    id INTEGER PRIMARY KEY, run TEXT NOT NULL, step INTEGER, time REAL, text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS notes_by_run ON notes (run, id);
+CREATE TABLE IF NOT EXISTS alarms (
+    id INTEGER PRIMARY KEY, run TEXT NOT NULL, kind TEXT NOT NULL, step INTEGER, time REAL,
+    message TEXT NOT NULL, details TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS alarms_by_run ON alarms (run, id);
+CREATE TABLE IF NOT EXISTS ingested_batches (id TEXT PRIMARY KEY, time REAL NOT NULL);
+"""
+# batch ids older than this are forgotten: a retry never comes a day late
+_BATCH_MEMORY_SECONDS = 86_400.0
+BUSY_TIMEOUT_MS = 10_000
+
+
+def headline_delta(summary: dict[str, Any]) -> float | None:
+    """The one number the run list shows for a finished run: its paired delta.
+
+    Read from ``summary["headline_delta"]``, else ``summary["delta"]`` when it is a
+    number, else ``summary["delta"]["delta"]`` (a ``DeltaReport.to_dict()``); None if absent.
+    """
+    for value in (summary.get("headline_delta"), summary.get("delta")):
+        if isinstance(value, dict):
+            value = value.get("delta")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def base_model(config: dict[str, Any]) -> str | None:
+    """The run's base model: ``config["base_model"]``, else ``config["settings"]["base_model"]``
+    (the recipes' layout); None when neither is a string."""
+    settings = config.get("settings")
+    for value in (config.get("base_model"),
+                  settings.get("base_model") if isinstance(settings, dict) else None):
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _verdict(summary: dict[str, Any]) -> str | None:
+    delta = summary.get("delta")
+    verdict = delta.get("verdict") if isinstance(delta, dict) else summary.get("verdict")
+    return verdict if isinstance(verdict, str) else None
+
+
+class SqliteRunStore(OpWriter):
+    """Run store on one SQLite file; safe for one writer and many readers across processes.
+
+    Write methods come from ``OpWriter`` (``create_run``, ``log_metrics``, ...); each
+    commits before returning. Read methods (``list_runs``, ``get_run``,
+    ``metric_names``, ``metric_series``) open a short-lived connection per call, so the
+    object can be shared by a threaded HTTP server.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._writer = self._connect()
+        mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise RunStoreError(f"{self.path}: SQLite could not switch to WAL mode (got {mode})")
+        version = self._writer.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RunStoreError(
+                f"{self.path}: run store schema {version} is newer than this posttrain "
+                f"understands ({SCHEMA_VERSION}); upgrade posttrain or use another file"
+            )
+        self._writer.executescript(_SCHEMA)
+        self._writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+            check_same_thread=False,
+        )
+        connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        return connection
+
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        connection = self._connect()
+        try:
+            yield connection
+        finally:
+            connection.close()
+
+    # --- writing ---------------------------------------------------------------------
+
+    def submit(self, op: dict[str, Any]) -> None:
+        """Apply one op now (see ``posttrain.runs.ops`` for the op format)."""
+        self.apply([op])
+
+    def apply(self, ops: Sequence[dict[str, Any]], batch_id: str | None = None) -> int:
+        """Validate then apply ``ops`` in one transaction; returns how many were applied.
+
+        Nothing is applied when any op is invalid (``RunStoreError`` names it). A batch
+        whose ``batch_id`` was already applied is skipped and 0 is returned.
+        """
+        checked = validate_ops(ops)
+        now = time.time()
+        with self._lock:
+            cursor = self._writer.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                if batch_id is not None:
+                    seen = cursor.execute(
+                        "SELECT 1 FROM ingested_batches WHERE id = ?", (batch_id,)
+                    ).fetchone()
+                    if seen:
+                        cursor.execute("ROLLBACK")
+                        return 0
+                    cursor.execute("DELETE FROM ingested_batches WHERE time < ?",
+                                   (now - _BATCH_MEMORY_SECONDS,))
+                    cursor.execute("INSERT INTO ingested_batches (id, time) VALUES (?, ?)",
+                                   (batch_id, now))
+                for op in checked:
+                    _apply_one(cursor, op, op["time"] if op["time"] is not None else now)
+                cursor.execute("COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+        return len(checked)
+
+    def close(self) -> None:
+        """Close the writer connection (reads still open their own)."""
+        with self._lock:
+            self._writer.close()
+
+    def __enter__(self) -> SqliteRunStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- reading ---------------------------------------------------------------------
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every run, newest first: name, status, base_model (from the config), started,
+        updated, finished (epoch seconds), last_step, total_steps, eta (seconds),
+        headline_delta and verdict (from the summary, None while running)."""
+        with self._reader() as connection:
+            rows = connection.execute(
+                "SELECT name, status, config, summary, started, updated, finished, last_step,"
+                " total_steps, eta FROM runs ORDER BY started DESC, name"
+            ).fetchall()
+        runs = []
+        for name, status, config, summary, started, updated, finished, step, total, eta in rows:
+            config, summary = json.loads(config), json.loads(summary)
+            runs.append({
+                "name": name, "status": status, "base_model": base_model(config),
+                "started": started, "updated": updated, "finished": finished,
+                "last_step": step, "total_steps": total, "eta": eta,
+                "headline_delta": headline_delta(summary), "verdict": _verdict(summary),
+            })
+        return runs
+
+    def get_run(self, name: str) -> dict[str, Any] | None:
+        """One run in full (config, summary, progress, notes, alarms, metric names), or None."""
+        check_run_name(name)
+        with self._reader() as connection:
+            row = connection.execute(
+                "SELECT status, config, summary, started, updated, finished, last_step,"
+                " total_steps, eta FROM runs WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                return None
+            notes = connection.execute(
+                "SELECT step, time, text FROM notes WHERE run = ? ORDER BY id", (name,)
+            ).fetchall()
+            alarms = connection.execute(
+                "SELECT kind, step, time, message, details FROM alarms WHERE run = ? ORDER BY id",
+                (name,),
+            ).fetchall()
+            names = self._metric_names(connection, name)
+        status, config, summary, started, updated, finished, step, total, eta = row
+        return {
+            "name": name, "status": status, "config": json.loads(config),
+            "summary": json.loads(summary), "started": started, "updated": updated,
+            "finished": finished,
+            "progress": {"step": step, "total": total, "eta": eta},
+            "notes": [{"step": s, "time": t, "text": text} for s, t, text in notes],
+            "alarms": [
+                {"kind": kind, "step": s, "time": t, "message": message,
+                 "details": json.loads(details)}
+                for kind, s, t, message, details in alarms
+            ],
+            "metric_names": names,
+        }
+
+    @staticmethod
+    def _metric_names(connection: sqlite3.Connection, run: str) -> list[str]:
+        rows = connection.execute(
+            "SELECT name FROM metric_names WHERE run = ? ORDER BY name", (run,)
+        ).fetchall()
+        return [name for (name,) in rows]
+
+    def metric_names(self, run: str) -> list[str]:
+        """Names of every metric logged for ``run``, sorted."""
+        check_run_name(run)
+        with self._reader() as connection:
+            return self._metric_names(connection, run)
+
+    def metric_series(self, run: str, metric: str, *, max_points: int | None = None,
+                      after_step: int | None = None) -> dict[str, Any]:
+        """One curve: ``{"name", "steps", "values", "times", "count", "downsampled"}``.
+
+        ``count`` is how many points are stored (after ``after_step`` when given: only
+        steps strictly greater, for incremental polling). With ``max_points`` the points
+        are thinned to at most that many, keeping each bucket's min and max and the last
+        point (``posttrain.runs.downsample``). An unknown metric gives empty lists.
+        """
+        check_run_name(run)
+        query = "SELECT step, value, time FROM metrics WHERE run = ? AND name = ?"
+        arguments: list[Any] = [run, metric]
+        if after_step is not None:
+            query += " AND step > ?"
+            arguments.append(after_step)
+        with self._reader() as connection:
+            rows = connection.execute(query + " ORDER BY step", arguments).fetchall()
+        count = len(rows)
+        if max_points is not None and count > max_points:
+            rows = [rows[index] for index in min_max_indices([r[1] for r in rows], max_points)]
+        return {
+            "name": metric,
+            "steps": [step for step, _, _ in rows],
+            "values": [value for _, value, _ in rows],
+            "times": [moment for _, _, moment in rows],
+            "count": count,
+            "downsampled": len(rows) < count,
+        }
+
+
+def _ensure_run(cursor: sqlite3.Cursor, run: str, moment: float) -> None:
+    # an op for a run never created (its create was lost) still lands somewhere visible
+    cursor.execute(
+        "INSERT OR IGNORE INTO runs (name, status, started, updated) VALUES (?, 'running', ?, ?)",
+        (run, moment, moment),
+    )
+
+
+def _apply_one(cursor: sqlite3.Cursor, op: dict[str, Any], moment: float) -> None:
+    run, kind = op["run"], op["op"]
+    if kind == "create":
+        for table in ("metrics", "metric_names", "notes", "alarms"):
+            cursor.execute(f"DELETE FROM {table} WHERE run = ?", (run,))
+        cursor.execute(
+            "INSERT OR REPLACE INTO runs (name, config, summary, status, started, updated)"
+            " VALUES (?, ?, '{}', 'running', ?, ?)",
+            (run, json.dumps(op["config"]), moment, moment),
+        )
+        return
+    _ensure_run(cursor, run, moment)
+    if kind == "metrics":
+        step, values = op["step"], op["metrics"]
+        cursor.executemany(
+            "INSERT OR REPLACE INTO metrics (run, name, step, value, time) VALUES (?, ?, ?, ?, ?)",
+            [(run, name, step, value, moment) for name, value in values.items()],
+        )
+        cursor.executemany(
+            "INSERT OR IGNORE INTO metric_names (run, name) VALUES (?, ?)",
+            [(run, name) for name in values],
+        )
+        cursor.execute(
+            "UPDATE runs SET last_step = max(coalesce(last_step, -1), ?), updated = ?"
+            " WHERE name = ?", (step, moment, run),
+        )
+    elif kind == "progress":
+        cursor.execute(
+            "UPDATE runs SET last_step = max(coalesce(last_step, -1), ?),"
+            " total_steps = coalesce(?, total_steps), eta = ?, updated = ? WHERE name = ?",
+            (op["step"], op["total"], op["eta"], moment, run),
+        )
+    elif kind == "note":
+        cursor.execute("INSERT INTO notes (run, step, time, text) VALUES (?, ?, ?, ?)",
+                       (run, op["step"], moment, op["text"]))
+        cursor.execute("UPDATE runs SET updated = ? WHERE name = ?", (moment, run))
+    elif kind == "alarm":
+        cursor.execute(
+            "INSERT INTO alarms (run, kind, step, time, message, details)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (run, op["kind"], op["step"], moment, op["message"], json.dumps(op["details"])),
+        )
+        cursor.execute("UPDATE runs SET updated = ? WHERE name = ?", (moment, run))
+    elif kind == "finish":
+        (old,) = cursor.execute("SELECT summary FROM runs WHERE name = ?", (run,)).fetchone()
+        summary = {**json.loads(old), **op["summary"]}
+        cursor.execute(
+            "UPDATE runs SET status = ?, summary = ?, finished = ?, updated = ?, eta = NULL"
+            " WHERE name = ?", (op["status"], json.dumps(summary), moment, moment, run),
+        )

@@ -1,0 +1,262 @@
+"""The run store: where a training run's config, curves, progress, notes, alarms and
+summary go while it trains, for the dashboard and the report to read.
+
+One interface, two back ends:
+
+- ``SqliteRunStore(path)``: one SQLite file, ``<runs root>/posttrain.db`` by default, WAL
+  mode (one writer, many readers; what was logged before a crash stays logged).
+- ``HttpRunStore(server_url, token)``: the same ops posted in batches to a posttrain
+  server (``posttrain/runs/server.py``), chosen when ``POSTTRAIN_SERVER`` is set
+  (``POSTTRAIN_TOKEN`` is its bearer token). Never blocks or crashes training.
+
+Training code talks to a ``RunHandle`` from ``open_run(name, config)``, or to ``NullRun()``
+when nothing should be recorded: the two have the same methods, so callers never write
+``if run:``. A handle given a run folder also appends every metric row to
+``<run folder>/metrics.jsonl``, a copy that needs no database to read.
+
+Storage trouble (a locked or full disk, an unreachable server) is reported once on
+stderr and training carries on; a wrong argument (bad status, bad run name) raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Protocol, runtime_checkable
+
+from posttrain.runs.http_store import HttpRunStore
+from posttrain.runs.ops import (
+    FINISH_STATUSES,
+    RunStoreError,
+    check_run_name,
+    clean_metrics,
+)
+from posttrain.runs.sqlite_store import SqliteRunStore
+
+__all__ = [
+    "DB_FILENAME", "METRICS_FILENAME", "HttpRunStore", "NullRun", "RunHandle", "RunStore",
+    "RunStoreError", "SqliteRunStore", "check_run_name", "default_store", "open_run",
+]
+
+DB_FILENAME = "posttrain.db"
+METRICS_FILENAME = "metrics.jsonl"
+SERVER_ENV = "POSTTRAIN_SERVER"
+TOKEN_ENV = "POSTTRAIN_TOKEN"
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """What a run store accepts. Timestamps are seconds since the epoch (None: now)."""
+
+    def create_run(self, name: str, config: dict[str, Any], started: float | None = None) -> None:
+        """Start run ``name`` (status ``running``), replacing an earlier run of that name."""
+        ...
+
+    def log_metrics(self, name: str, step: int, metrics: dict[str, Any],
+                    timestamp: float | None = None) -> None:
+        """Record finite numeric metrics at ``step``."""
+        ...
+
+    def set_progress(self, name: str, step: int, total: int | None = None,
+                     eta_seconds: float | None = None, timestamp: float | None = None) -> None:
+        """Record ``step`` of ``total`` and the seconds left."""
+        ...
+
+    def add_note(self, name: str, text: str, step: int | None = None,
+                 timestamp: float | None = None) -> None:
+        """Attach a line of text."""
+        ...
+
+    def add_alarm(self, name: str, kind: str, step: int | None, message: str,
+                  details: dict[str, Any] | None = None, timestamp: float | None = None) -> None:
+        """Record an alarm of ``kind`` at ``step``."""
+        ...
+
+    def finish_run(self, name: str, summary: dict[str, Any] | None = None,
+                   status: str = "done", timestamp: float | None = None) -> None:
+        """Mark the run done / failed / stopped and merge ``summary`` into its summary."""
+        ...
+
+    def close(self) -> None:
+        """Release resources, delivering anything queued."""
+        ...
+
+
+def default_store(runs_root: str | os.PathLike = "runs") -> RunStore:
+    """The store a run writes to when none is given.
+
+    ``HttpRunStore(POSTTRAIN_SERVER, POSTTRAIN_TOKEN)`` when ``POSTTRAIN_SERVER`` is set,
+    else ``SqliteRunStore(<runs_root>/posttrain.db)`` (the folder is created).
+    """
+    server = os.environ.get(SERVER_ENV, "").strip()
+    if server:
+        return HttpRunStore(server, os.environ.get(TOKEN_ENV) or None)
+    return SqliteRunStore(Path(runs_root) / DB_FILENAME)
+
+
+class RunHandle:
+    """One run being written. Methods never raise for storage trouble (one warning, then
+    quiet); they do raise ``ValueError`` for wrong arguments.
+
+    Also a context manager: leaving the block finishes the run ``done``, or ``failed``
+    (``stopped`` on Ctrl-C) with the error in the summary, unless it was finished inside.
+    """
+
+    def __init__(self, name: str, store: RunStore, *, run_dir: str | os.PathLike | None = None,
+                 owns_store: bool = False) -> None:
+        self.name = check_run_name(name)
+        self.store = store
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.finished = False
+        self._owns_store = owns_store
+        self._warned = False
+        self._jsonl: IO[str] | None = None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = (self.run_dir / METRICS_FILENAME).open("w", encoding="utf-8")
+
+    @property
+    def url(self) -> str | None:
+        """The run's dashboard page when the store is a server (``<server>/runs/<name>``)."""
+        if isinstance(self.store, HttpRunStore):
+            return f"{self.store.server_url}/runs/{self.name}"
+        return None
+
+    def _guard(self, action: str, call: Any, *args: Any) -> None:
+        try:
+            call(self.name, *args)
+        except (RunStoreError, TypeError):
+            raise
+        except Exception as error:  # storage trouble must never stop training
+            if not self._warned:
+                self._warned = True
+                print(f"posttrain: run store could not {action} for run {self.name!r} "
+                      f"({type(error).__name__}: {error}); training continues, later "
+                      "store errors for this run are not shown", file=sys.stderr, flush=True)
+
+    def log(self, step: int, metrics: dict[str, Any], *, timestamp: float | None = None) -> None:
+        """Record metric values at ``step``. Non-numeric, boolean and non-finite values are
+        dropped; a metric logged twice at one step keeps the later value."""
+        _check_step(step)
+        values = clean_metrics(metrics)
+        if not values:
+            return
+        moment = time.time() if timestamp is None else timestamp
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, "time": moment, "metrics": values}) + "\n")
+            self._jsonl.flush()  # a killed run keeps every complete line
+        self._guard("log metrics", self.store.log_metrics, step, values, moment)
+
+    def progress(self, step: int, total: int | None = None,
+                 eta_seconds: float | None = None) -> None:
+        """Record progress: ``step`` of ``total`` with ``eta_seconds`` left (None: unknown)."""
+        _check_step(step)
+        if eta_seconds is not None and not math.isfinite(eta_seconds):
+            eta_seconds = None
+        self._guard("set progress", self.store.set_progress, step, total, eta_seconds, None)
+
+    def note(self, text: str, *, step: int | None = None) -> None:
+        """Attach a line of text to the run (shown on its page)."""
+        self._guard("add a note", self.store.add_note, str(text), step, None)
+
+    def alarm(self, kind: str, step: int | None, message: str,
+              details: dict[str, Any] | None = None) -> None:
+        """Record an alarm (``feature``, ``length``, ``divergence`` ...) with its evidence."""
+        self._guard("add an alarm", self.store.add_alarm, kind, step, message, details or {},
+                    None)
+
+    def finish(self, summary: dict[str, Any] | None = None, status: str = "done") -> None:
+        """Mark the run ``done``, ``failed`` or ``stopped`` with its summary, then close the
+        metrics copy (and the store when this handle opened it). A second call is ignored
+        with a warning."""
+        if status not in FINISH_STATUSES:
+            raise ValueError(f"status must be one of {list(FINISH_STATUSES)}, got {status!r}")
+        if self.finished:
+            print(f"posttrain: run {self.name!r} was already finished; ignoring finish("
+                  f"status={status!r})", file=sys.stderr, flush=True)
+            return
+        self.finished = True
+        self._guard("finish", self.store.finish_run, summary or {}, status, None)
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._owns_store:
+            try:
+                self.store.close()
+            except Exception as error:
+                print(f"posttrain: closing the run store failed ({error})", file=sys.stderr)
+
+    def __enter__(self) -> RunHandle:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: object) -> None:
+        if self.finished:
+            return
+        if exc_type is None:
+            self.finish(status="done")
+        else:
+            status = "stopped" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+            self.finish({"error": f"{exc_type.__name__}: {exc}"}, status=status)
+
+
+class NullRun:
+    """A run that records nothing: the same methods as ``RunHandle``, all no-ops."""
+
+    name = ""
+    run_dir = None
+    url = None
+    finished = False
+
+    def log(self, step: int, metrics: dict[str, Any], *, timestamp: float | None = None) -> None:
+        """Do nothing."""
+
+    def progress(self, step: int, total: int | None = None,
+                 eta_seconds: float | None = None) -> None:
+        """Do nothing."""
+
+    def note(self, text: str, *, step: int | None = None) -> None:
+        """Do nothing."""
+
+    def alarm(self, kind: str, step: int | None, message: str,
+              details: dict[str, Any] | None = None) -> None:
+        """Do nothing."""
+
+    def finish(self, summary: dict[str, Any] | None = None, status: str = "done") -> None:
+        """Do nothing."""
+        self.finished = True
+
+    def __enter__(self) -> NullRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def _check_step(step: Any) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+
+
+def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None,
+             run_dir: str | os.PathLike | None = None,
+             runs_root: str | os.PathLike = "runs") -> RunHandle:
+    """Start run ``name`` with its ``config`` and return the handle that writes it.
+
+    ``store``: where to write; None picks ``default_store(runs_root)`` (the server named
+    by ``POSTTRAIN_SERVER``, else ``<runs_root>/posttrain.db``) and the handle closes it on
+    ``finish``. ``run_dir``: the run folder, which gets ``metrics.jsonl``. An earlier run of
+    the same name in the store is replaced. Raises ``RunStoreError`` for a name that could
+    escape the runs folder (``../x``, ``a/b``, ``.hidden``).
+    """
+    check_run_name(name)
+    owns_store = store is None
+    if store is None:
+        store = default_store(runs_root)
+    handle = RunHandle(name, store, run_dir=run_dir, owns_store=owns_store)
+    handle._guard("create the run", store.create_run, dict(config), None)
+    return handle

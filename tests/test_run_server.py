@@ -1,0 +1,220 @@
+"""The run server and the HTTP store: a real server on 127.0.0.1, real sockets, real SQLite."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from posttrain.runs.server import serve, start_in_thread
+from posttrain.runs.store import HttpRunStore, SqliteRunStore, open_run
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def server(tmp_path):
+    running = serve(tmp_path / "posttrain.db", "127.0.0.1", 0, TOKEN)
+    thread = start_in_thread(running)
+    yield running
+    running.shutdown()
+    running.server_close()
+    thread.join(5)
+
+
+def request(url, *, body=None, token=TOKEN, method=None, raw=None):
+    """(status, parsed JSON) of one HTTP call; 4xx/5xx answers are returned, not raised."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    call = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"))
+    call.add_header("Content-Type", "application/json")
+    if token:
+        call.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(call, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def ingest(server, ops, batch="b1", token=TOKEN):
+    return request(server.url + "/api/ingest", body={"batch": batch, "ops": ops}, token=token)
+
+
+CREATE = {"op": "create", "run": "r1", "config": {"base_model": "starter"}, "time": 1.0}
+
+
+def test_http_store_batches_arrive_and_read_back_through_the_api(server):
+    store = HttpRunStore(server.url, TOKEN)
+    run = open_run("grpo-http", {"base_model": "starter"}, store=store)
+    for step in range(300):
+        run.log(step, {"reward": step / 300, "kl": 0.01})
+        run.progress(step, 300, 1.0)
+    run.alarm("feature", 299, "length is paid for", {"feature": "length"})
+    run.finish({"delta": {"delta": 0.2, "verdict": "moved"}})
+    store.close()  # flushes
+    assert store.pending == 0 and store.dropped == 0
+
+    status, listing = request(server.url + "/api/runs")
+    assert status == 200
+    (listed,) = listing["runs"]
+    assert (listed["name"], listed["status"], listed["last_step"]) == ("grpo-http", "done", 299)
+    assert listed["headline_delta"] == 0.2
+    status, detail = request(server.url + "/api/runs/grpo-http")
+    assert status == 200 and detail["alarms"][0]["details"] == {"feature": "length"}
+    assert detail["metric_names"] == ["kl", "reward"]
+    status, metrics = request(server.url + "/api/runs/grpo-http/metrics?names=reward,kl"
+                              "&max_points=50")
+    assert status == 200 and metrics["names"] == ["kl", "reward"]
+    reward = metrics["series"]["reward"]
+    assert reward["count"] == 300 and len(reward["steps"]) <= 50 and reward["steps"][-1] == 299
+
+
+def test_ingest_refuses_a_missing_or_wrong_token(server):
+    assert ingest(server, [CREATE], token=None)[0] == 401
+    status, answer = ingest(server, [CREATE], token="guess")
+    assert status == 401 and "token" in answer["error"]
+    assert request(server.url + "/api/runs")[1]["runs"] == []
+    assert ingest(server, [CREATE])[0] == 200
+
+
+def test_http_store_with_a_wrong_token_warns_once_and_stops_sending(server, capsys):
+    store = HttpRunStore(server.url, "wrong", flush_seconds=0.05)
+    run = open_run("refused", {}, store=store)
+    for step in range(50):
+        run.log(step, {"loss": 1.0})
+    store.close()
+    assert capsys.readouterr().err.count("refused the token") == 1
+    assert request(server.url + "/api/runs")[1]["runs"] == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"batch": "x", "ops": [{"op": "metrics", "run": "r", "step": 1, '
+         b'"metrics": {"a": NaN}}]}', "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'{"batch": "x", "ops": "create"}', "must be a list"),
+        (b'{"batch": "x", "ops": [{"op": "explode", "run": "r"}]}', "unknown op"),
+        (b'{"batch": "x", "ops": [{"op": "metrics", "run": "r", "step": -1, "metrics": {}}]}',
+         "step"),
+        (b'{"batch": "x", "ops": [{"op": "finish", "run": "r", "status": "great"}]}', "status"),
+        (b'{"batch": 7, "ops": []}', "batch"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+def test_malformed_ingest_bodies_get_a_400_with_a_message(server, raw, fragment):
+    status, answer = request(server.url + "/api/ingest", raw=raw)
+    assert status == 400
+    assert fragment in answer["error"]
+
+
+def test_a_batch_with_one_bad_op_applies_nothing(server):
+    bad = {"op": "metrics", "run": "r1", "step": "three", "metrics": {"loss": 1.0}}
+    status, answer = ingest(server, [CREATE, bad])
+    assert status == 400 and "op 1 (metrics)" in answer["error"]
+    assert request(server.url + "/api/runs")[1]["runs"] == []
+
+
+def test_a_batch_sent_twice_is_applied_once(server):
+    note = {"op": "note", "run": "r1", "text": "once", "step": 0}
+    assert ingest(server, [CREATE, note], batch="same")[1]["applied"] == 2
+    assert ingest(server, [CREATE, note], batch="same")[1]["duplicate"] is True
+    assert len(request(server.url + "/api/runs/r1")[1]["notes"]) == 1
+
+
+@pytest.mark.parametrize("path", ["/api/runs/.hidden", "/api/runs/..%2F..%2Fetc",
+                                  "/api/runs/a%2Fb/metrics", "/api/runs/..", "/api/runs/%2e%2e"])
+def test_run_names_in_urls_cannot_escape(server, path):
+    status, answer = request(server.url + path)
+    assert status in (400, 404) and "error" in answer
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden"])
+def test_ingest_refuses_run_names_that_could_escape(server, name):
+    status, answer = ingest(server, [{**CREATE, "run": name}])
+    assert status == 400 and "run name" in answer["error"]
+
+
+def test_read_endpoints_answer_unknown_runs_and_bad_parameters_with_4xx(server):
+    assert request(server.url + "/api/runs/nobody")[0] == 404
+    ingest(server, [CREATE])
+    assert request(server.url + "/api/runs/r1/metrics?max_points=0")[0] == 400
+    assert request(server.url + "/api/runs/r1/metrics?max_points=lots")[0] == 400
+    assert request(server.url + "/api/nothing")[0] == 404
+    assert request(server.url + "/api/runs", body={})[0] == 405
+    status, empty = request(server.url + "/api/runs/r1/metrics")
+    assert status == 200 and empty["series"] == {}
+
+
+def test_a_server_without_a_token_accepts_ingest_without_one(tmp_path):
+    open_server = serve(tmp_path / "open.db", "127.0.0.1", 0, None)
+    thread = start_in_thread(open_server)
+    try:
+        assert ingest(open_server, [CREATE], token=None)[0] == 200
+    finally:
+        open_server.shutdown()
+        open_server.server_close()
+        thread.join(5)
+
+
+def test_the_dashboard_can_add_a_route(server):
+    from posttrain.runs.server import Response
+
+    server.add_route("GET", r"/runs/(?P<name>[^/]+)",
+                     lambda request: Response(200, request.match["name"].encode(), "text/plain"))
+    with urllib.request.urlopen(server.url + "/runs/r1", timeout=10) as response:
+        assert response.read() == b"r1"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_server_down_never_blocks_training_and_data_arrives_once_it_is_up(tmp_path, capsys):
+    port = free_port()
+    store = HttpRunStore(f"http://127.0.0.1:{port}", TOKEN, flush_seconds=0.05,
+                         max_backoff=0.2, close_timeout=15)
+    run = open_run("patient", {"base_model": "starter"}, store=store)
+    started = time.perf_counter()
+    for step in range(2000):  # the training loop: must not wait on the dead server
+        run.log(step, {"loss": 1.0 / (step + 1)})
+        run.progress(step, 2000)
+    assert time.perf_counter() - started < 1.0
+    time.sleep(0.3)  # let the sender fail a few times
+    assert capsys.readouterr().err.count("unreachable") == 1
+
+    late = serve(tmp_path / "posttrain.db", "127.0.0.1", port, TOKEN)
+    thread = start_in_thread(late)
+    try:
+        run.finish({"after": 0.5})
+        store.close()
+        assert store.pending == 0
+        with SqliteRunStore(tmp_path / "posttrain.db") as reader:
+            detail = reader.get_run("patient")
+            assert detail["status"] == "done" and detail["config"] == {"base_model": "starter"}
+            assert reader.metric_series("patient", "loss")["count"] == 2000
+    finally:
+        late.shutdown()
+        late.server_close()
+        thread.join(5)
+    assert "unreachable" not in capsys.readouterr().err  # still the one warning only
+
+
+def test_a_full_buffer_drops_the_oldest_records_but_keeps_the_run(tmp_path, server):
+    port = free_port()
+    store = HttpRunStore(f"http://127.0.0.1:{port}", TOKEN, max_buffer=100, close_timeout=0.5,
+                         flush_seconds=10)
+    run = open_run("bounded", {}, store=store)
+    for step in range(500):
+        run.log(step, {"loss": 1.0})
+    assert store.pending <= 100 and store.dropped >= 400
+    queued_ops = [op["op"] for op in store._queue]
+    assert queued_ops[0] == "create"
+    store.close()
