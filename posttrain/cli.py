@@ -17,6 +17,9 @@ from posttrain.errors import PosttrainError
 COMMAND_MODULES = (
     "posttrain.commands.eval",
     "posttrain.commands.prompts",
+    "posttrain.commands.grpo",
+    "posttrain.commands.serve",
+    "posttrain.commands.primitives_demo",
 )
 
 

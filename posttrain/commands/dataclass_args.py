@@ -1,0 +1,75 @@
+"""Command-line flags generated from a settings dataclass, so flags and config never drift.
+
+Each dataclass field becomes ``--field-name`` with the field's ``metadata["help"]``
+(and its default shown). Booleans that default to False become switches; a
+field's ``metadata["choices"]`` limits its values; ``metadata["flag"]`` renames the
+flag. ``settings_from_args`` builds the dataclass back from the parsed namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _flag(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+
+
+def _base_type(annotation: Any) -> Any:
+    """``int | None`` -> int; plain types pass through."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return options[0] if len(options) == 1 else str
+    return annotation
+
+
+def add_dataclass_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    skip: tuple = (),
+    only: tuple | None = None,
+) -> None:
+    """Add one flag per field of ``cls``: those in ``only`` (all by default) minus ``skip``;
+    fields without ``help`` metadata are skipped."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if field.name in skip or (only is not None and field.name not in only):
+            continue
+        if "help" not in field.metadata:
+            continue
+        kind = _base_type(hints[field.name])
+        default = field.default
+        help_text = field.metadata["help"]
+        if kind is bool and default is False:
+            parser.add_argument(_flag(field), dest=field.name, action="store_true", help=help_text)
+            continue
+        shown = "" if default in (None, "") else f" (default {default})"
+        parser.add_argument(
+            _flag(field),
+            dest=field.name,
+            type=kind,
+            default=default,
+            choices=field.metadata.get("choices"),
+            metavar=field.metadata.get("metavar"),
+            help=help_text + shown,
+        )
+
+
+def settings_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+    """An instance of ``cls`` from the parsed flags (fields not on the command line keep
+    their defaults); ``overrides`` win."""
+    values = {
+        field.name: getattr(args, field.name)
+        for field in dataclasses.fields(cls)
+        if hasattr(args, field.name)
+    }
+    values.update(overrides)
+    return cls(**values)

@@ -1,0 +1,146 @@
+"""``posttrain model build|info``: build the embedded starter models and say where models live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from posttrain.errors import PosttrainError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "model",
+        help="build the starter models; show where a model is cached",
+        description="Build the embedded starter models and inspect cached models. The models "
+        "folder is $POSTTRAIN_MODELS, else ~/.cache/posttrain/models.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    build = actions.add_parser(
+        "build",
+        help="build a starter model (cached after the first build)",
+        description="Build a starter model offline from its recipe and cache it.",
+    )
+    build.add_argument(
+        "--name",
+        choices=("starter", "starter-2m"),
+        default="starter",
+        help="which starter model (default starter, ~10M parameters; starter-2m is for tests)",
+    )
+    build.add_argument("--force", action="store_true", help="rebuild even when cached")
+    build.set_defaults(func=run_build)
+
+    info = actions.add_parser(
+        "info",
+        help="where a model is cached, its parameters and (starter) recipe",
+        description="Show where a model is cached, its size and, for starter models, the recipe. "
+        "Nothing is built or converted.",
+    )
+    info.add_argument("name", help="starter, starter-2m, smollm2, a .gguf file or a model folder")
+    info.add_argument("--json", action="store_true", help="print the facts as JSON")
+    info.set_defaults(func=run_info)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from posttrain.policy.starter import build_starter, starter_folder
+
+    was_cached = starter_folder(args.name).is_dir() and not args.force
+    folder = build_starter(args.name, force=args.force)
+    build = json.loads((folder / "build.json").read_text())
+    state = "already built" if was_cached else f"built in {build['seconds']:.0f}s"
+    print(f"{args.name}: {state}, {build['parameters']:,} parameters")
+    print(f"folder: {folder}")
+    return 0
+
+
+def safetensors_parameter_count(folder: str | Path) -> int | None:
+    """Parameters stored in a folder's ``*.safetensors`` files (headers only), or None."""
+    total, found = 0, False
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        total += sum(prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        found = True
+    return total if found else None
+
+
+def model_facts(name: str) -> dict[str, Any]:
+    """What is known about a model name without building or converting anything."""
+    from posttrain.policy import models
+
+    facts: dict[str, Any] = {"name": name, "models_folder": str(models.models_dir())}
+    if name in models.STARTER_NAMES:
+        from dataclasses import asdict
+
+        from posttrain.policy.starter import STARTER_CODE_VERSION, recipe_for, starter_folder
+
+        recipe = recipe_for(name)
+        folder = starter_folder(name)
+        facts.update(kind="starter", folder=str(folder), built=folder.is_dir())
+        facts["recipe"] = {
+            **asdict(recipe),
+            "key": recipe.key(),
+            "code_version": STARTER_CODE_VERSION,
+        }
+        if folder.is_dir():
+            facts["build"] = json.loads((folder / "build.json").read_text())
+        return facts
+    if name == models.SMOLLM2_NAME or name.lower().endswith(".gguf"):
+        gguf = models.smollm2_gguf() if name == models.SMOLLM2_NAME else Path(name).expanduser()
+        if not gguf.is_file():
+            raise PosttrainError(f"{gguf}: no such GGUF file")
+        folder = models.models_dir() / "gguf"
+        converted = sorted(folder.glob(f"{gguf.stem}-*/config.json")) if folder.is_dir() else []
+        facts.update(kind="gguf", gguf=str(gguf), built=bool(converted))
+        if converted:
+            facts["folder"] = str(converted[-1].parent)
+            facts["parameters"] = safetensors_parameter_count(converted[-1].parent)
+        return facts
+    path = Path(name).expanduser()
+    if path.is_dir():
+        facts.update(kind="folder", folder=str(path), parameters=safetensors_parameter_count(path))
+        return facts
+    facts.update(kind="hub id", note="loaded through the Hugging Face cache")
+    return facts
+
+
+def run_info(args: argparse.Namespace) -> int:
+    facts = model_facts(args.name)
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True))
+        return 0
+    print(f"{facts['name']} ({facts['kind']})")
+    print(f"  models folder: {facts['models_folder']}")
+    if "gguf" in facts:
+        print(f"  gguf file:     {facts['gguf']}")
+    if "folder" in facts:
+        state = "" if facts.get("built", True) else "  (not built yet: posttrain model build)"
+        print(f"  folder:        {facts['folder']}{state}")
+    elif facts["kind"] == "gguf":
+        print("  folder:        (not converted yet: the first load converts and caches it)")
+    build = facts.get("build", {})
+    parameters = build.get("parameters", facts.get("parameters"))
+    if parameters:
+        print(f"  parameters:    {parameters:,}")
+    if build:
+        print(f"  built in:      {build['seconds']}s, final SFT loss {build['final_loss']:.3f}")
+    if "recipe" in facts:
+        recipe = facts["recipe"]
+        arch = recipe["architecture"]
+        print(
+            f"  recipe:        key {recipe['key']}, hidden {arch['hidden_size']}, "
+            f"{arch['num_layers']} layers, {recipe['sft_steps']} SFT steps at lr "
+            f"{recipe['learning_rate']}, data seed {recipe['data_seed']}"
+        )
+        mix = ", ".join(f"{k} {v}" for k, v in recipe["mix"].items())
+        print(f"  behaviour mix: {mix}")
+    if "note" in facts:
+        print(f"  {facts['note']}")
+    return 0

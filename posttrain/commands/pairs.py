@@ -1,0 +1,190 @@
+"""``posttrain pairs build|stats``: preference pairs for DPO as a file of their own.
+
+``build`` samples a policy (or the scripted agent) on the train split of a prompt
+set, scores every reply with the environment and writes the pairs JSONL that
+``posttrain dpo --pairs`` reads; ``stats`` describes such a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+from posttrain.commands.agent_args import add_agent_args, build_agent
+from posttrain.errors import PosttrainError
+from posttrain.train.pairs import (
+    DEFAULT_CONSTRUCTED_SHARE,
+    DEFAULT_MAX_PAIRS_PER_PROMPT,
+    DEFAULT_MIN_MARGIN,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "pairs",
+        help="build preference pairs from a policy's samples, or describe a pairs file",
+        description="Build DPO preference pairs (JSONL, TRL conversational rows plus margin, "
+        "scenario_id and constructed) or describe a pairs file.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    build = actions.add_parser(
+        "build",
+        help="sample the train prompts, pair better with worse replies, write JSONL",
+        description="Sample --pair-samples replies per train prompt from an agent (the scripted "
+        "one by default, a model with --base-model), score them with the environment, pair "
+        "a better reply with a worse one of similar length, and write the pairs. The "
+        "holdout is left out, so a DPO run on the file is still measured on unseen prompts.",
+    )
+    build.add_argument("--out", required=True, metavar="FILE", help="the pairs JSONL to write")
+    data = build.add_argument_group("prompts (the same flags and split as posttrain dpo)")
+    data.add_argument("--prompts", type=int, default=200, help="template situations (default 200)")
+    data.add_argument("--prompts-file", default=None, help="JSONL prompt set instead of templates")
+    data.add_argument("--seed", type=int, default=0, help="data and sampling seed (default 0)")
+    data.add_argument(
+        "--holdout", type=float, default=0.2, help="share of scenarios held out (default 0.2)"
+    )
+    data.add_argument(
+        "--balance", type=float, default=0.0, help="repeat minority train categories (default 0)"
+    )
+    data.add_argument("--env", default="refund", help="environment name or module:attribute")
+    add_agent_args(build)
+    pairing = build.add_argument_group("pairing")
+    pairing.add_argument(
+        "--pair-samples", type=int, default=8, help="replies per train prompt (default 8)"
+    )
+    pairing.add_argument(
+        "--min-margin",
+        type=float,
+        default=DEFAULT_MIN_MARGIN,
+        help=f"least raw-score gap of a pair (default {DEFAULT_MIN_MARGIN})",
+    )
+    pairing.add_argument(
+        "--max-pairs-per-prompt",
+        type=int,
+        default=DEFAULT_MAX_PAIRS_PER_PROMPT,
+        help=f"pairs one prompt may give (default {DEFAULT_MAX_PAIRS_PER_PROMPT})",
+    )
+    pairing.add_argument(
+        "--constructed-negatives",
+        action="store_true",
+        help="add (own plain reply, invented lookup_order call) pairs on id-less prompts",
+    )
+    pairing.add_argument(
+        "--constructed-share",
+        type=float,
+        default=DEFAULT_CONSTRUCTED_SHARE,
+        help="cap on constructed pairs, as a share of the sampled ones "
+        f"(default {DEFAULT_CONSTRUCTED_SHARE})",
+    )
+    build.add_argument("--json", action="store_true", help="print the pair report as JSON")
+    build.set_defaults(func=run_build)
+
+    stats = actions.add_parser(
+        "stats",
+        help="describe a pairs file: counts, margins, length balance, categories",
+        description="Describe a pairs JSONL: pairs, constructed pairs, mean margin, how often "
+        "the chosen side is longer (with the length-confound warning), pairs per category.",
+    )
+    stats.add_argument("file", help="a pairs JSONL")
+    stats.add_argument("--env", default="refund", help="environment name or module:attribute")
+    stats.add_argument("--skip-invalid", action="store_true", help="drop bad lines and count them")
+    stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    stats.set_defaults(func=run_stats)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from posttrain.data.prepare import DataConfig, prepare_data
+    from posttrain.envs import get_env
+    from posttrain.progress import progress_bar
+    from posttrain.train.pairs import build_preference_pairs, export_preference, sample_pair_rows
+
+    if args.pair_samples < 2:
+        raise PosttrainError(f"--pair-samples must be at least 2, got {args.pair_samples}")
+    if args.min_margin <= 0:
+        raise PosttrainError(f"--min-margin must be above 0, got {args.min_margin}")
+    if args.max_pairs_per_prompt < 1:
+        raise PosttrainError("--max-pairs-per-prompt must be at least 1")
+    if args.constructed_share < 0:
+        raise PosttrainError(f"--constructed-share must be >= 0, got {args.constructed_share}")
+    env = get_env(args.env)
+    data = prepare_data(
+        DataConfig(
+            prompts=args.prompts,
+            prompts_file=args.prompts_file,
+            seed=args.seed,
+            holdout=args.holdout,
+            balance=args.balance,
+        ),
+        env,
+    )
+    print(data.describe(), file=sys.stderr)
+    agent = build_agent(args)
+    total = args.pair_samples * len(data.train)
+    with progress_bar("pairs: sampling", total) as update:
+        rows = sample_pair_rows(
+            env,
+            data.train,
+            agent,
+            args.pair_samples,
+            seed=args.seed,
+            progress=lambda done, _total: update(done),
+        )
+    pairs, report = build_preference_pairs(
+        rows,
+        env=env,
+        min_margin=args.min_margin,
+        max_pairs_per_prompt=args.max_pairs_per_prompt,
+        constructed_share=args.constructed_share if args.constructed_negatives else None,
+    )
+    if not pairs:
+        raise PosttrainError(
+            f"no pairs: no train prompt had contrast in {args.pair_samples} samples; raise "
+            f"--pair-samples (e.g. {args.pair_samples * 2}); nothing written"
+        )
+    export_preference(pairs, args.out)
+    if args.json:
+        print(json.dumps({**report.to_dict(), "path": args.out}, sort_keys=True))
+    else:
+        print(report.describe())
+        print(f"wrote {len(pairs)} pairs to {args.out}")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    from posttrain.envs import get_env
+    from posttrain.train.pairs import load_pairs, summarize_pairs, user_text
+
+    env = get_env(args.env)
+    pairs, skipped = load_pairs(args.file, skip_invalid=args.skip_invalid)
+    report = summarize_pairs(pairs, source=args.file)
+    report.skipped_lines = len(skipped)
+    by_category = Counter(
+        (env.category(env.case_for(user_text(pair))), bool(pair["constructed"])) for pair in pairs
+    )
+    systems = {
+        pair["prompt"][0]["content"] for pair in pairs if pair["prompt"][0]["role"] == "system"
+    }
+    other_system = sum(1 for text in systems if text != env.system)
+    if other_system:
+        report.warnings.append(
+            f"{other_system} system prompt(s) differ from the {env.name} environment's: "
+            "the policy is evaluated under the environment's"
+        )
+    if args.json:
+        categories = [
+            {"category": name, "constructed": constructed, "pairs": count}
+            for (name, constructed), count in sorted(by_category.items())
+        ]
+        print(json.dumps({**report.to_dict(), "by_category": categories}, sort_keys=True))
+        return 0
+    print(report.describe())
+    for problem in skipped:
+        print(f"skipped {problem}")
+    print(f"{'category':<12}{'sampled':>9}{'constructed':>13}")
+    for name in env.categories:
+        print(f"{name:<12}{by_category[(name, False)]:>9}{by_category[(name, True)]:>13}")
+    return 0

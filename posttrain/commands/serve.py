@@ -1,0 +1,72 @@
+"""``posttrain serve``: the training-primitives server (see docs/service.md)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+
+DESCRIPTION = """\
+Serve one base model and any number of LoRA runs over HTTP. Clients create a session, a
+LoRA run, then send ordered primitives (save_weights_for_sampler, sample, logprobs,
+forward_backward, optim_step, save_state, load_state, export_lora, finish) and poll their
+results; the caller owns rewards, advantages and the loss payload. GET
+/v1/training/capabilities lists everything. Binds 127.0.0.1 unless --host says otherwise,
+and then a --token is required. Runs that were active when the server stopped are listed
+as dormant at the next start and can be resumed from their last save_state."""
+
+
+@dataclass
+class ServeSettings:
+    base_model: str = field(
+        default="starter",
+        metadata={"help": "base model: starter, starter-2m, smollm2, a local folder, a hub id"},
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address to bind; anything but loopback needs --token"},
+    )
+    port: int = field(default=8400, metadata={"help": "port to listen on (0: any free one)"})
+    token: str | None = field(
+        default=None,
+        metadata={"help": "bearer token every request must send (Authorization: Bearer ...)"},
+    )
+    state_dir: str | None = field(
+        default=None,
+        metadata={"help": "folder for run records, saved states and exports "
+                          "(default ~/.cache/posttrain/service)"},
+    )
+    torch_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch intra-op threads (default: torch's choice; 1 is steadier on "
+                          "a busy machine with few cores)"},
+    )
+    quiet: bool = field(default=False, metadata={"help": "do not log each request"})
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve training primitives (sample, forward_backward, optim_step, ...) over HTTP",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_dataclass_args(parser, ServeSettings)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from posttrain.service.api import serve
+
+    settings = settings_from_args(ServeSettings, args)
+    serve(
+        settings.base_model,
+        host=settings.host,
+        port=settings.port,
+        token=settings.token,
+        state_dir=settings.state_dir,
+        verbose=not settings.quiet,
+        torch_threads=settings.torch_threads,
+    )
+    return 0

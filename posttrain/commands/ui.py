@@ -1,0 +1,96 @@
+"""``posttrain ui``: serve the dashboard and the ingest API over a runs folder's store."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+
+from posttrain.errors import PosttrainError
+from posttrain.runs.folder import runs_root
+from posttrain.runs.store import DB_FILENAME, TOKEN_ENV
+
+DESCRIPTION = """\
+Serve the live dashboard over <runs>/posttrain.db: the run list at /, each run's page
+at /runs/<name> (curves while it trains, then the before/after verdict, the table by
+category and the config), and the JSON API the pages read. Training processes on this
+machine write the same file and need nothing else. Training elsewhere can send its run
+here instead: start this with --host 0.0.0.0 --token SECRET and run training with
+POSTTRAIN_SERVER=http://<this machine>:<port> POSTTRAIN_TOKEN=SECRET.
+
+The token protects writes (POST /api/ingest); reading the pages and the API stays open
+to whoever can reach the port, which is why a host other than 127.0.0.1 needs a token
+and a network you trust (or a proxy that authenticates)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "ui",
+        help="serve the live dashboard (run list, run pages) and the ingest API",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--runs-dir", default=None,
+                        help="folder holding posttrain.db and the run folders "
+                             "($POSTTRAIN_RUNS or ./runs)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; anything but a loopback address needs "
+                             "--token (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765,
+                        help="port to listen on; 0 picks a free one (default: 8765)")
+    parser.add_argument("--token", default=None,
+                        help=f"bearer token that POST /api/ingest must carry "
+                             f"(default: ${TOKEN_ENV})")
+    parser.set_defaults(func=run)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``; False for anything reachable from outside."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip()).is_loopback
+    except ValueError:
+        return False
+
+
+def dashboard_url(host: str, port: int) -> str:
+    """The URL to print: the machine's name when listening on every address."""
+    if host in ("0.0.0.0", ""):
+        host = socket.gethostname()
+    return f"http://{host}:{port}/"
+
+
+def run(args: argparse.Namespace) -> int:
+    from posttrain.ui.app import dashboard_server
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host) and not token:
+        raise PosttrainError(
+            f"--host {args.host} would let other machines write runs here without a token: "
+            f"pass --token SECRET (or set {TOKEN_ENV}), or keep the default --host 127.0.0.1"
+        )
+    if not 0 <= args.port <= 65535:
+        raise PosttrainError(f"--port must be between 0 and 65535, got {args.port}")
+    store_path = runs_root(args.runs_dir) / DB_FILENAME
+    try:
+        server = dashboard_server(store_path, args.host, args.port, token)
+    except OSError as error:
+        raise PosttrainError(
+            f"cannot listen on {args.host}:{args.port} ({error.strerror or error}): "
+            "choose another --port (0 picks a free one) or stop what is using it"
+        ) from None
+    port = server.server_address[1]
+    url = dashboard_url(args.host, port)
+    print(f"posttrain ui: serving {store_path} at {url}  (Ctrl-C to stop)", flush=True)
+    if token:
+        print(f"  training elsewhere: POSTTRAIN_SERVER={url.rstrip('/')} "
+              f"{TOKEN_ENV}=<the token> posttrain grpo ...", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        print("posttrain ui: stopped", flush=True)
+    finally:
+        server.server_close()
+    return 0

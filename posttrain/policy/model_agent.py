@@ -1,0 +1,85 @@
+"""A language model as a batch agent: what ``grade`` and ``posttrain eval`` call.
+
+``ModelAgent`` implements the protocol of ``posttrain.policy.agents``
+(``reply_batch(conversations, seeds)``, ``policy``, ``sampling``) on top of the
+``Sampler``. The evaluation defaults are sampled, never greedy (greedy hides
+progress): temperature 0.8, top-p 0.95, and a reply cap that fits the model
+(64 new tokens for the starter models, whose replies end within ~40; 128 for
+real models, whose prose is longer and whose off-topic answers must stay under
+400 characters to pass anyway). How many samples per prompt is the caller's
+choice (``grade(k=4)`` by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.policy.models import STARTER_NAMES, Policy, load_policy, parameter_count
+from posttrain.policy.sampler import Completion, Messages, Sampler, SamplingParams
+
+EVAL_TEMPERATURE = 0.8
+EVAL_TOP_P = 0.95
+STARTER_MAX_NEW_TOKENS = 64
+MODEL_MAX_NEW_TOKENS = 128
+LARGE_MODEL_PARAMETERS = 50_000_000  # above this, smaller micro-batches
+
+
+def default_max_new_tokens(policy: Policy) -> int:
+    """64 for the starter models, 128 for anything else."""
+    return STARTER_MAX_NEW_TOKENS if policy.name in STARTER_NAMES else MODEL_MAX_NEW_TOKENS
+
+
+def default_batch_size(policy: Policy) -> int:
+    """Micro-batch for sampling: 64 rows for tiny models, 16 for real ones (CPU memory/speed)."""
+    return 64 if parameter_count(policy.model) < LARGE_MODEL_PARAMETERS else 16
+
+
+class ModelAgent:
+    """Answers conversations by sampling a policy; one seed per conversation."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        sampling_params: SamplingParams | None = None,
+        batch_size: int | None = None,
+    ):
+        self.policy_object = policy
+        self.params = sampling_params or SamplingParams(
+            temperature=EVAL_TEMPERATURE,
+            top_p=EVAL_TOP_P,
+            max_new_tokens=default_max_new_tokens(policy),
+        )
+        self.sampler = Sampler(policy, batch_size=batch_size or default_batch_size(policy))
+        self.policy: dict[str, Any] = policy.describe()
+        self.sampling: dict[str, Any] = self.params.to_dict()
+        self.last_completions: list[Completion] = []
+
+    def reply_batch(self, conversations: list[Messages], seeds: list[int]) -> list[str]:
+        """One reply text per conversation, in order (the full completions stay in
+        ``last_completions`` for callers that want tokens, logprobs or stop reasons)."""
+        self.last_completions = self.sampler.sample(conversations, seeds, self.params)
+        return [completion.text for completion in self.last_completions]
+
+    def __call__(self, messages: Messages, seed: int = 0) -> str:
+        return self.reply_batch([messages], [seed])[0]
+
+
+def agent_for_model(
+    base_model: str,
+    *,
+    adapter: str | None = None,
+    temperature: float = EVAL_TEMPERATURE,
+    top_p: float = EVAL_TOP_P,
+    top_k: int = 0,
+    max_new_tokens: int | None = None,
+    batch_size: int | None = None,
+) -> ModelAgent:
+    """Load ``base_model`` (+ ``adapter``) and wrap it as an evaluation agent."""
+    policy = load_policy(base_model, adapter=adapter)
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=max_new_tokens or default_max_new_tokens(policy),
+    )
+    return ModelAgent(policy, params, batch_size=batch_size)

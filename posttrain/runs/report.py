@@ -1,0 +1,94 @@
+"""A run's human-readable outputs: ``report.md`` and ``curves.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from posttrain.atomic import atomic_writer, write_text_atomic
+
+
+def _category_lines(title: str, groups: list[dict[str, Any]] | None) -> list[str]:
+    if not groups:
+        return []
+    lines = [
+        f"### {title}",
+        "",
+        "| category | scenarios | prompts | pass@1 | 95% | tool-call rate |",
+        "|---|---|---|---|---|---|",
+    ]
+    for group in groups:
+        interval = group.get("ci95")
+        shown = f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "n/a"
+        rate = group.get("tool_call_rate")
+        lines.append(
+            f"| {group['name']} | {group['n_scenarios']} | {group['n_prompts']} | "
+            f"{group['pass_at_1']:.2f} | {shown} | {'n/a' if rate is None else f'{rate:.2f}'} |"
+        )
+    return [*lines, ""]
+
+
+def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | None) -> Path:
+    """The run's report: verdict, before/after with intervals, categories, alarms, timings."""
+    status = summary.get("status")
+    lines = [f"# {summary.get('recipe', 'run').upper()} run `{summary.get('run_name')}`", ""]
+    lines.append(
+        f"Status **{status}**; base model `{summary.get('base_model')}`"
+        + (f" from run `{summary['from_run']}`" if summary.get("from_run") else "")
+        + f"; learning rate {summary.get('learning_rate')}."
+    )
+    lines.append("")
+    if report is not None:
+        lines += ["## Before and after on the holdout", "", report.format_markdown()]
+    elif summary.get("before"):
+        lines += ["## Before (no after-evaluation: the run did not finish training)", ""]
+        before = summary["before"]
+        lines += [f"pass@1 {before.get('pass_at_1')} (interval {before.get('ci95')})", ""]
+    lines += _category_lines("By category, before", summary.get("by_category_before"))
+    lines += _category_lines("By category, after", summary.get("by_category_after"))
+    if summary.get("pair_report"):
+        lines += ["## Preference pairs", ""]
+        lines += [f"- {key}: {value}" for key, value in summary["pair_report"].items()]
+        lines.append("")
+    lines += ["## Alarms", ""]
+    alarms = summary.get("alarms") or []
+    lines += [f"- step {a.get('step')}: **{a.get('kind')}**: {a.get('message')}" for a in alarms]
+    lines += ["- none"] if not alarms else []
+    lines += ["", "## Timings", ""]
+    lines += [f"- {key}: {value}" for key, value in (summary.get("timings") or {}).items()]
+    if summary.get("error"):
+        lines += ["", "## Error", "", f"`{summary['error']}`"]
+    return write_text_atomic(path, "\n".join(lines) + "\n")
+
+
+def write_curves_png(
+    path: Path, curves: dict[str, list[tuple[int, float]]], *, title: str = ""
+) -> Path:
+    """One small panel per curve (reward, KL, completion length, ...) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here or in CI
+    import matplotlib.pyplot as plt
+
+    names = list(curves)
+    columns = min(3, len(names))
+    rows = (len(names) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
+    for axis, name in zip(axes.flat, names, strict=False):
+        steps = [point[0] for point in curves[name]]
+        values = [point[1] for point in curves[name]]
+        axis.plot(steps, values, linewidth=1.2, color="#3366aa")
+        axis.set_title(name.replace("_", " "))
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[len(names) :]:
+        axis.set_visible(False)
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    try:
+        with atomic_writer(path, "wb") as handle:
+            figure.savefig(handle, format="png", dpi=110)
+    finally:
+        plt.close(figure)
+    return path

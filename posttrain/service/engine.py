@@ -1,0 +1,460 @@
+"""The primitives engine: one base model, sessions, LoRA runs, and their ordered operations.
+
+The HTTP layer (``posttrain.service.api``) is a thin shell over this class; tests and the
+benchmark can drive it in-process. What it guarantees:
+
+- **Validation first.** Every body is parsed (``posttrain.service.requests``) before it is
+  queued; a bad one raises a ``ServiceError`` (4xx) and nothing changes.
+- **Order.** Each run has one FIFO worker executing its operations in sequence-number
+  order; retries are idempotent by ``seq`` (``posttrain.service.operations``).
+- **One computation at a time.** All torch work of all runs runs on one compute thread
+  (``posttrain.service.compute``): on a few CPU cores, two runs computing at once only
+  fight for the same cores.
+- **Sessions.** A session lives while it heartbeats; one silent for longer than its
+  ``heartbeat_timeout_s`` is reaped (state ``expired``) and its runs are cancelled, like
+  an explicit close.
+- **Restarts.** Runs are recorded on disk; a restarted engine lists runs that were active
+  as ``dormant`` and ``resume_run`` brings one back from its last ``save_state``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from posttrain.service import losses, requests, state
+from posttrain.service.compute import ComputeThread
+from posttrain.service.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from posttrain.service.operations import Operation, fingerprint
+from posttrain.service.requests import Limits
+from posttrain.service.runs import FAILS_THE_RUN, Run
+
+API_VERSION = 1
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+
+# primitive -> what its body holds (served by capabilities; the parsers enforce it)
+PRIMITIVES: dict[str, str] = {
+    "save_weights_for_sampler": '{"version": N}: freeze the current adapter as sampler version N',
+    "sample": '{"version", "prompt": {"token_ids"}, "num_samples", "sampling_params": '
+    '{"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}}',
+    "logprobs": '{"sequences": [[ids]], "version": N | null}: per-token logprobs '
+    "(null: the trainer's current weights); entry 0 of each is null",
+    "forward": '{"data", "loss_function", "loss_config"}: loss and logprobs, no gradients',
+    "forward_backward": '{"data", "loss_function", "loss_config"}: gradients accumulate '
+    "until optim_step",
+    "optim_step": '{"adam_params": {"learning_rate", "beta1", "beta2", "eps", "weight_decay", '
+    '"grad_clip_norm"}}: one AdamW step, every hyper-parameter explicit',
+    "save_state": '{"name"}: adapter + AdamW state + step, to the state folder',
+    "load_state": '{"name", "run_id"?}: replace adapter, AdamW state and step by a saved state',
+    "export_lora": '{"name"}: write a PEFT adapter folder (adapter_model.safetensors)',
+    "finish": "{}: end the run after everything before it",
+}
+
+
+@dataclass
+class Session:
+    session_id: str
+    heartbeat_timeout_s: float
+    last_heartbeat: float
+    created_at: float = field(default_factory=time.time)
+    status: str = "open"  # open | closed | expired
+    run_ids: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "status": self.status,
+            "heartbeat_timeout_s": self.heartbeat_timeout_s,
+            "run_ids": list(self.run_ids),
+            "created_at": self.created_at,
+        }
+
+
+class Engine:
+    """Holds the base model and every session and run; thread-safe."""
+
+    def __init__(
+        self,
+        base_model: str,
+        state_dir: str | Path,
+        *,
+        limits: Limits | None = None,
+        policy: Any = None,
+        reap_interval_s: float = 1.0,
+        torch_threads: int | None = None,
+        clock: Any = time.monotonic,
+    ):
+        from posttrain.policy.models import load_policy
+        from posttrain.service.lora_model import linear_module_names
+
+        self.base_model = base_model
+        self.state_dir = Path(state_dir).expanduser()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.limits = limits or Limits()
+        self.policy = policy or load_policy(base_model, device="cpu", show_progress=False)
+        for parameter in self.policy.model.parameters():
+            parameter.requires_grad_(False)
+        config = self.policy.model.config
+        self.vocab_size = int(config.vocab_size)
+        context = int(getattr(config, "max_position_embeddings", self.limits.max_sequence_tokens))
+        if context < self.limits.max_sequence_tokens:
+            self.limits = replace(self.limits, max_sequence_tokens=context)
+        self.module_names = linear_module_names(self.policy.model)
+        self.compute = ComputeThread(torch_threads)
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._sessions: dict[str, Session] = {}
+        self._runs: dict[str, Run] = {}
+        self._operations: dict[str, Operation] = {}
+        self._stopping = threading.Event()
+        self._load_run_records()
+        self._reaper = threading.Thread(
+            target=self._reap_loop, args=(reap_interval_s,), name="session-reaper", daemon=True
+        )
+        self._reaper.start()
+
+    # ------------------------------------------------------------ capabilities
+
+    def capabilities(self) -> dict[str, Any]:
+        """Primitives, losses (inputs, config keys, defaults), base model, limits."""
+        from posttrain.policy.models import parameter_count
+        from posttrain.policy.sampler import end_of_turn_ids
+
+        tokenizer = self.policy.tokenizer
+        return {
+            "api_version": API_VERSION,
+            "base_model": {
+                "name": self.base_model,
+                "vocab_size": self.vocab_size,
+                "max_context_length": self.limits.max_sequence_tokens,
+                "parameters": parameter_count(self.policy.model),
+                "dtype": self.policy.dtype,
+                "device": self.policy.device,
+                "lora_target_modules": list(self.module_names),
+                "end_of_turn_token_ids": sorted(end_of_turn_ids(tokenizer, self.policy.model)),
+                "pad_token_id": tokenizer.pad_token_id,
+            },
+            "primitives": {
+                name: {"body": body, "ordered": True, "fails_run_on_error": name in FAILS_THE_RUN}
+                for name, body in PRIMITIVES.items()
+            },
+            "losses": losses.capabilities(),
+            "optimizer": {"name": "adamw", "required_params": list(requests.ADAM_KEYS)},
+            "sampling_params": {
+                "required": ["max_tokens"],
+                "defaults": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,
+                             "stop": []},
+                "logprobs": "log-softmax of the raw logits (temperature 1) at each sampled token",
+                "per_sample_seed": "seed + i",
+            },
+            "limits": self.limits.to_json(),
+            "semantics": {
+                "loss_reduction": "sum over tokens and datums; normalise with weights/advantages",
+                "datum_convention": "model_input = full[:-1]; target_tokens = full[1:]; every "
+                "per-token input has len(model_input) values",
+                "ordering": "one FIFO per run, strict sequence order",
+                "idempotency": "same seq + same payload -> the same operation; "
+                "same seq + another payload -> 409",
+            },
+        }
+
+    # ------------------------------------------------------------ tokenizer helpers
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """``{"messages": [...]}`` (chat template, ready for the reply) or ``{"text": ...}``."""
+        if not isinstance(body, dict) or ("messages" in body) == ("text" in body):
+            raise BadRequest('body: send exactly one of "messages" (a chat) or "text"')
+        tokenizer = self.policy.tokenizer
+        if "text" in body:
+            if not isinstance(body["text"], str):
+                raise BadRequest("text: expected a string")
+            return {"token_ids": tokenizer.encode(body["text"], add_special_tokens=False)}
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise BadRequest('messages: expected a list of {"role": str, "content": str}')
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return {"token_ids": list(ids)}
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        """``{"token_ids": [...]}`` -> ``{"text"}`` (special tokens skipped)."""
+        if not isinstance(body, dict):
+            raise BadRequest("body: expected a JSON object")
+        ids = requests.token_ids(
+            body.get("token_ids"), "token_ids", self.vocab_size, self.limits.max_sequence_tokens
+        )
+        return {"text": self.policy.tokenizer.decode(list(ids), skip_special_tokens=True)}
+
+    # ------------------------------------------------------------ sessions
+
+    def create_session(self, body: Any) -> dict[str, Any]:
+        """Open a session; ``heartbeat_timeout_s`` (default 60) is how long it may stay silent."""
+        body = body if body is not None else {}
+        if not isinstance(body, dict):
+            raise BadRequest("body: expected a JSON object")
+        timeout = requests.number(
+            body.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S),
+            "heartbeat_timeout_s", low=0.5, high=86_400,
+        )
+        session = Session("sess-" + uuid.uuid4().hex[:16], timeout, self._clock())
+        with self._lock:
+            self._sessions[session.session_id] = session
+        return session.to_json()
+
+    def _open_session(self, session_id: Any) -> Session:
+        with self._lock:
+            session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+            if session is None:
+                raise NotFound(f"no session {session_id!r}; create one first")
+            if session.status != "open":
+                raise Conflict(f"session {session_id} is {session.status}; create a new one")
+            return session
+
+    def heartbeat(self, session_id: str) -> dict[str, Any]:
+        """Keep a session alive."""
+        with self._lock:
+            session = self._open_session(session_id)
+            session.last_heartbeat = self._clock()
+            return session.to_json()
+
+    def close_session(self, session_id: str) -> dict[str, Any]:
+        """Close a session; its runs that are still active are cancelled. Idempotent."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise NotFound(f"no session {session_id!r}")
+            if session.status == "open":
+                session.status = "closed"
+                self._cancel_runs_of(session, "its session was closed")
+            return session.to_json()
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Every session this engine has seen (open, closed or expired)."""
+        with self._lock:
+            return [session.to_json() for session in self._sessions.values()]
+
+    def get_session(self, session_id: str) -> dict[str, Any]:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise NotFound(f"no session {session_id!r}")
+            return session.to_json()
+
+    def _cancel_runs_of(self, session: Session, why: str) -> None:
+        for run_id in session.run_ids:
+            run = self._runs.get(run_id)
+            if run is not None and not run.terminal:
+                run.cancel(why)
+
+    def reap(self) -> list[str]:
+        """Expire sessions whose heartbeat lapsed and cancel their runs; returns their ids."""
+        now = self._clock()
+        reaped = []
+        with self._lock:
+            for session in self._sessions.values():
+                silent = now - session.last_heartbeat
+                if session.status == "open" and silent > session.heartbeat_timeout_s:
+                    session.status = "expired"
+                    self._cancel_runs_of(
+                        session, f"session {session.session_id} missed its heartbeat "
+                        f"(timeout {session.heartbeat_timeout_s:g} s)"
+                    )
+                    reaped.append(session.session_id)
+        return reaped
+
+    def _reap_loop(self, interval: float) -> None:
+        while not self._stopping.wait(interval):
+            self.reap()
+
+    # ------------------------------------------------------------ runs
+
+    def _new_run(self, run_id: str, session_id: str | None, spec: requests.LoraSpec,
+                 created_at: float | None = None) -> Run:
+        return Run(
+            run_id,
+            session_id,
+            spec,
+            state_dir=self.state_dir,
+            base_model=self.base_model,
+            compute=self.compute,
+            max_queued=self.limits.max_queued_operations,
+            max_ahead=self.limits.max_seq_ahead,
+            created_at=created_at,
+        )
+
+    def _new_model(self, spec: requests.LoraSpec) -> Any:
+        from posttrain.service.lora_model import LoraModel
+
+        return self.compute.run(LoraModel, self.policy.model, self.policy.tokenizer, spec)
+
+    def _check_capacity(self) -> None:
+        live = sum(1 for run in self._runs.values() if run.status in ("active", "cancelling"))
+        if live >= self.limits.max_runs:
+            raise TooManyRequests(
+                f"{live} runs are live (limit {self.limits.max_runs}); finish or cancel one"
+            )
+
+    def create_run(self, body: Any) -> dict[str, Any]:
+        """A new LoRA run in an open session: ``{"session_id", "rank", "alpha",
+        "target_modules", "seed"}`` (rank 16, alpha 2*rank, every linear layer, seed 0)."""
+        if not isinstance(body, dict):
+            raise BadRequest("body: expected a JSON object")
+        extra = sorted(set(body) - {"session_id", "rank", "alpha", "target_modules", "seed"})
+        if extra:
+            raise BadRequest(f"body: unknown field(s) {', '.join(map(repr, extra))}")
+        spec = requests.parse_lora(body, self.limits, self.module_names)
+        self._open_session(body.get("session_id"))
+        with self._lock:
+            self._check_capacity()
+        model = self._new_model(spec)  # the slow part, outside the lock
+        with self._lock:
+            session = self._open_session(body.get("session_id"))  # still open?
+            self._check_capacity()
+            run = self._new_run("run-" + uuid.uuid4().hex[:16], session.session_id, spec)
+            self._runs[run.run_id] = run
+            session.run_ids.append(run.run_id)
+            run.start(model)
+        return run.describe()
+
+    def _run(self, run_id: str) -> Run:
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}")
+        return run
+
+    def run_ids(self) -> list[str]:
+        """Every run this engine knows, live, terminal or dormant."""
+        with self._lock:
+            return list(self._runs)
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self._run(run_id).describe()
+
+    def cancel_run(self, run_id: str) -> dict[str, Any]:
+        """Cancel a run: queued operations are cancelled, the running one finishes. Idempotent."""
+        run = self._run(run_id)
+        cancelled = run.cancel("cancelled by the client")
+        return {**run.describe(), "cancelled_operations": [op.id for op in cancelled]}
+
+    def resume_run(self, run_id: str, body: Any) -> dict[str, Any]:
+        """Bring a ``dormant`` run (active when the server stopped) back from its last
+        ``save_state``, attached to an open session; numbering continues after that save."""
+        if not isinstance(body, dict):
+            raise BadRequest("body: expected a JSON object")
+        run = self._run(run_id)
+        with self._lock:
+            session = self._open_session(body.get("session_id"))
+            if run.status != "dormant":
+                raise Conflict(f"run {run_id} is {run.status}; only a dormant run can be resumed")
+            self._check_capacity()
+            run.status = "resuming"
+        try:
+            model = self._new_model(run.spec)
+            folder = state.run_folder(self.state_dir, run_id) / "states" / run.last_state["name"]
+            self.compute.run(state.load_state, folder, model, base_model=self.base_model)
+        except Exception:
+            run.status = "dormant"
+            raise
+        with self._lock:
+            try:
+                session = self._open_session(session.session_id)  # closed meanwhile?
+            except Exception:
+                run.status = "dormant"
+                raise
+            run.session_id = session.session_id
+            session.run_ids.append(run_id)
+            run.start(model, first_seq=run.last_state["seq"] + 1)
+        return {**run.describe(), "resumed_from": dict(run.last_state)}
+
+    def _load_run_records(self) -> None:
+        for record in state.read_run_records(self.state_dir):
+            if record.get("base_model") != self.base_model:
+                continue
+            run = self._new_run(
+                record["run_id"], None, state.lora_from_json(record["lora"]),
+                record.get("created_at"),
+            )
+            run.last_state = record.get("last_state")
+            run.status, run.status_reason = record["status"], record.get("status_reason")
+            if not run.terminal:
+                if run.last_state:
+                    run.status = "dormant"
+                    run.status_reason = "the server restarted; resume from the last save_state"
+                else:
+                    run.status = "lost"
+                    run.status_reason = "the server restarted before the run saved any state"
+                run.save_record()
+            self._runs[run.run_id] = run
+
+    # ------------------------------------------------------------ operations
+
+    def submit(self, run_id: str, primitive: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Validate and queue one primitive; returns ``(operation json, created)``."""
+        run = self._run(run_id)
+        request = self._parse(primitive, body)
+        seq = requests.sequence_number(body)
+        operation, created = run.submit(seq, primitive, fingerprint(primitive, body), request)
+        with self._lock:
+            self._operations[operation.id] = operation
+        return operation.to_json(), created
+
+    def _parse(self, primitive: str, body: Any) -> Any:
+        vocab, limits = self.vocab_size, self.limits
+        if primitive == "forward_backward":
+            return requests.parse_forward_backward(body, vocab, limits)
+        if primitive == "forward":
+            return requests.parse_forward_backward(body, vocab, limits, backward=False)
+        if primitive == "optim_step":
+            return requests.parse_optim_step(body)
+        if primitive == "sample":
+            return requests.parse_sample(body, vocab, limits)
+        if primitive == "logprobs":
+            return requests.parse_logprobs(body, vocab, limits)
+        if primitive == "save_weights_for_sampler":
+            return requests.parse_save_weights(body)
+        if primitive in ("save_state", "export_lora"):
+            return requests.parse_state_name(body)
+        if primitive == "load_state":
+            return requests.parse_state_name(body, allow_run_id=True)
+        if primitive == "finish":
+            return requests.parse_finish(body)
+        raise NotFound(f"no primitive {primitive!r}; the primitives are {', '.join(PRIMITIVES)}")
+
+    def get_operation(self, operation_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """An operation's state; waits up to ``wait_s`` (capped) for it to end."""
+        with self._lock:
+            operation = self._operations.get(operation_id)
+        if operation is None:
+            raise NotFound(f"no operation {operation_id!r}")
+        if wait_s > 0 and not operation.terminal:
+            operation.done.wait(min(wait_s, self.limits.max_wait_s))
+        return operation.to_json()
+
+    # ------------------------------------------------------------ shutdown
+
+    def shutdown(self) -> None:
+        """Stop the reaper and every run's worker (queued operations are cancelled).
+
+        Run records stay as they are on disk, so a new engine on the same state folder
+        sees the active ones as dormant.
+        """
+        self._stopping.set()
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            if run.queue is not None:
+                run.queue.close("the server is shutting down", cancel_queued=True)
+        for run in runs:
+            if run.queue is not None:
+                run.queue.join(timeout=30)
+        self.compute.stop()

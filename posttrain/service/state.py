@@ -1,0 +1,175 @@
+"""What the service keeps on disk: run records, saved training states, exported adapters.
+
+Layout under the server's state folder::
+
+    runs/<run_id>/run.json              the run's record (LoRA spec, status, last save)
+    runs/<run_id>/states/<name>/        save_state: adapter.safetensors (trainer adapter),
+                                        optimizer.safetensors (AdamW moments), state.json
+                                        (step, seq, LoRA spec, base model)
+    runs/<run_id>/exports/<name>/       export_lora: adapter_model.safetensors and
+                                        adapter_config.json, a folder ``peft`` loads
+
+Everything is written to a temp folder or file and renamed into place, so a crash never
+leaves half a state that a restarted server would resume from. Gradients accumulated since
+the last ``optim_step`` are not saved: save after a step.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from posttrain.atomic import write_text_atomic
+from posttrain.service.requests import LoraSpec
+
+STATE_FORMAT = 1
+
+
+def run_folder(state_dir: Path, run_id: str) -> Path:
+    return state_dir / "runs" / run_id
+
+
+def write_run_record(state_dir: Path, record: dict[str, Any]) -> None:
+    """Write ``runs/<run_id>/run.json`` atomically."""
+    path = run_folder(state_dir, record["run_id"]) / "run.json"
+    write_text_atomic(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def read_run_records(state_dir: Path) -> list[dict[str, Any]]:
+    """Every readable ``run.json`` under ``state_dir``, oldest first; unreadable ones skipped."""
+    records = []
+    for path in sorted((state_dir / "runs").glob("*/run.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: r.get("created_at", 0))
+
+
+def lora_from_json(value: dict[str, Any]) -> LoraSpec:
+    return LoraSpec(
+        rank=int(value["rank"]),
+        alpha=float(value["alpha"]),
+        target_modules=tuple(value["target_modules"]),
+        seed=int(value["seed"]),
+    )
+
+
+def _replace_folder(staging: Path, folder: Path) -> None:
+    """Move ``staging`` to ``folder``, replacing an older one with the same name."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"
+    if folder.exists():
+        folder.rename(old)
+    staging.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _staging(folder: Path) -> Path:
+    staging = folder.parent / f".{folder.name}.saving-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    return staging
+
+
+def save_state(
+    folder: Path, model: Any, *, seq: int, base_model: str
+) -> dict[str, Any]:
+    """Save ``model``'s (a ``LoraModel``) adapter, AdamW state and step into ``folder``.
+
+    Returns the ``state.json`` content. ``seq`` is the sequence number of the save itself:
+    a run resumed from this state continues at ``seq + 1``.
+    """
+    from safetensors.torch import save_file
+
+    staging = _staging(folder)
+    try:
+        save_file(model.adapter_tensors(), str(staging / "adapter.safetensors"))
+        moments: dict[str, Any] = {}
+        optimizer_steps: dict[str, float] = {}
+        for name, parameter in model.parameters.items():
+            state = model.optimizer.state.get(parameter)
+            if state:
+                moments[f"{name}::exp_avg"] = state["exp_avg"].contiguous()
+                moments[f"{name}::exp_avg_sq"] = state["exp_avg_sq"].contiguous()
+                optimizer_steps[name] = float(state["step"])
+        save_file(moments, str(staging / "optimizer.safetensors"))
+        info = {
+            "format": STATE_FORMAT,
+            "step": model.step,
+            "seq": seq,
+            "lora": asdict(model.spec),
+            "base_model": base_model,
+            "optimizer_steps": optimizer_steps,
+            "saved_at": time.time(),
+        }
+        (staging / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        _replace_folder(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return info
+
+
+def load_state(folder: Path, model: Any, *, base_model: str) -> dict[str, Any]:
+    """Load a saved state into ``model`` (a ``LoraModel``): adapter, AdamW state, step.
+
+    Everything is read and checked before anything is assigned, so a bad state leaves the
+    model as it was. Accumulated gradients are cleared. Returns the ``state.json`` content.
+    Raises ``LookupError`` when the folder holds no state, ``ValueError`` when it does not
+    fit this run (another base model, LoRA rank or targets).
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    info_path = folder / "state.json"
+    if not info_path.is_file():
+        raise LookupError(f"no saved state at {folder} (save_state writes one)")
+    info = json.loads(info_path.read_text())
+    if info.get("base_model") != base_model:
+        raise ValueError(
+            f"state {folder.name} was saved on base model {info.get('base_model')!r}, "
+            f"this server runs {base_model!r}"
+        )
+    saved_spec = lora_from_json(info["lora"])
+    if (saved_spec.rank, saved_spec.target_modules) != (model.spec.rank, model.spec.target_modules):
+        raise ValueError(
+            f"state {folder.name} has LoRA rank {saved_spec.rank} on "
+            f"{', '.join(saved_spec.target_modules)}; this run has rank {model.spec.rank} on "
+            f"{', '.join(model.spec.target_modules)}"
+        )
+    adapter = load_file(str(folder / "adapter.safetensors"))
+    moments = load_file(str(folder / "optimizer.safetensors"))
+    if set(adapter) != set(model.parameters):
+        raise ValueError(f"state {folder.name}: its adapter tensors do not match this run's")
+    for name, parameter in model.parameters.items():
+        if adapter[name].shape != parameter.shape:
+            raise ValueError(f"state {folder.name}: {name} has shape {tuple(adapter[name].shape)}")
+    with torch.no_grad():
+        for name, parameter in model.parameters.items():
+            parameter.copy_(adapter[name])
+    model.optimizer.state.clear()
+    for name, steps in info.get("optimizer_steps", {}).items():
+        parameter = model.parameters[name]
+        model.optimizer.state[parameter] = {
+            "step": torch.tensor(float(steps)),
+            "exp_avg": moments[f"{name}::exp_avg"].clone(),
+            "exp_avg_sq": moments[f"{name}::exp_avg_sq"].clone(),
+        }
+    model.step = int(info["step"])
+    model.clear_gradients()
+    return info
+
+
+def export_lora(folder: Path, model: Any) -> list[str]:
+    """Write ``model``'s trainer adapter as a PEFT folder (atomically); returns file names."""
+    staging = _staging(folder)
+    try:
+        files = model.export(staging)
+        _replace_folder(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return files

@@ -1,0 +1,253 @@
+"""DPO with a LoRA adapter on TRL's DPOTrainer, from on-policy preference pairs.
+
+The algorithm is TRL's: for each pair, the policy's and the reference's
+log-probabilities of the chosen and the rejected reply give the implicit reward
+``beta * (log pi - log ref)`` of each side; the loss (``--loss-type``, sigmoid by
+default: ``-log sigmoid(reward_chosen - reward_rejected)``) pushes the chosen side's
+implicit reward above the rejected one's. The reference is the base model with the
+adapter switched off (``ref_model=None`` with a PEFT model), so there is one copy of
+the weights in memory. DPO never samples while it trains.
+
+The pairs (``posttrain.train.pairs``) are on-policy: the base policy answers each
+train prompt ``--pair-samples`` times at the evaluation temperature, the environment
+scores every reply, and a better reply is paired with a worse one of similar length.
+``--pairs FILE`` trains on a file written by ``export_preference`` instead.
+``--from-run`` is iterated DPO: the shared flow merges that run's adapter into the
+base, this recipe samples fresh pairs from the merged policy, trains a new adapter
+against it as the reference, and saves the merged policy under ``merged/``.
+
+Where we deviate from the seed recipe, and why:
+- A step takes ``--batch-size`` pairs (8) as one micro-batch, where the seed took
+  2 per device x 4 accumulated: the same 8 pairs per step, and on a CPU one
+  micro-batch is faster than four.
+- ``--learning-rate`` defaults by model size (``DPO_LEARNING_RATE_BY_SIZE``: 1e-4 for
+  the starter models), not to the seed's 5e-6, which is for a 1.5B model.
+- The constructed-negative share is a flag (the seed fixed it at 0.3), and with no
+  sampled pair there are no constructed pairs (the seed forced at least one): see
+  ``posttrain.train.pairs``.
+- ``exo_pair`` gets ``label_smoothing`` 1e-3 unless ``--label-smoothing`` says
+  otherwise: TRL refuses it at 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.errors import PosttrainError
+from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
+from posttrain.train.settings import RecipeSettings
+
+# loss types TRL 1.16's DPOTrainer accepts (checked against its DPOConfig help text)
+DPO_LOSS_TYPES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+)
+# EXO's epsilon; the paper's recommended value, and TRL refuses 0 for exo_pair
+EXO_LABEL_SMOOTHING = 1e-3
+
+# LoRA learning rates for DPO by base-model size (parameters, rate). DPO wants a far lower
+# rate than GRPO on the tiny models: on starter, GRPO's 2e-3 turned the policy into noise
+# within 60 steps (well_formed 1.00 -> 0.90, off_topic 1.00 -> 0.12), 5e-4 still lost
+# ground, 1e-4 moved no_id 0.82 -> 1.00 with nothing falling (docs/recipes/dpo.md). The
+# larger sizes are not measured here; they step down to the seed's 5e-6 for 1.5B.
+DPO_LEARNING_RATE_BY_SIZE = (
+    (50e6, 1e-4),
+    (300e6, 2e-5),
+    (1e9, 1e-5),
+)
+DPO_LARGE_MODEL_LEARNING_RATE = 5e-6
+
+
+def dpo_default_learning_rate(parameters: int) -> float:
+    """The DPO LoRA learning rate used when ``--learning-rate`` is not given."""
+    for limit, rate in DPO_LEARNING_RATE_BY_SIZE:
+        if parameters <= limit:
+            return rate
+    return DPO_LARGE_MODEL_LEARNING_RATE
+
+
+@dataclass
+class DPOSettings(RecipeSettings):
+    """Every knob of the DPO recipe (see ``posttrain dpo --help``)."""
+
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA learning rate; default by model size: 1e-4 up to 50M parameters, "
+            "2e-5 up to 300M, 1e-5 up to 1B, 5e-6 above (lower than GRPO's: see "
+            "docs/recipes/dpo.md)"
+        },
+    )
+    steps: int = field(default=60, metadata={"help": "optimizer steps"})
+    beta: float = field(
+        default=0.1,
+        metadata={"help": "how far from the reference (adapter off) the policy may move"},
+    )
+    loss_type: str = field(
+        default="sigmoid",
+        metadata={"help": "the DPO loss (TRL DPOConfig.loss_type)", "choices": DPO_LOSS_TYPES},
+    )
+    label_smoothing: float | None = field(
+        default=None,
+        metadata={
+            "help": "label smoothing of the robust, exo_pair and aot losses; default 0, "
+            f"or {EXO_LABEL_SMOOTHING:g} for exo_pair (which needs it above 0)"
+        },
+    )
+    pair_samples: int = field(
+        default=8,
+        metadata={
+            "help": "replies per train prompt when building on-policy pairs; a policy that "
+            "rarely passes (or rarely fails) needs more"
+        },
+    )
+    pairs: str | None = field(
+        default=None,
+        metadata={
+            "help": "a pairs JSONL (export_preference / posttrain pairs build) instead of "
+            "on-policy sampling",
+            "metavar": "FILE",
+        },
+    )
+    skip_invalid: bool = field(
+        default=False,
+        metadata={"help": "with --pairs: drop bad lines (and count them) instead of stopping"},
+    )
+    constructed_negatives: bool = field(
+        default=False,
+        metadata={
+            "help": "add (own plain reply, invented lookup_order call) pairs on id-less prompts"
+        },
+    )
+    constructed_share: float = field(
+        default=DEFAULT_CONSTRUCTED_SHARE,
+        metadata={"help": "cap on constructed pairs, as a share of the sampled pairs"},
+    )
+    min_margin: float = field(
+        default=0.5,
+        metadata={"help": "least raw-score gap between the chosen and the rejected reply"},
+    )
+    max_pairs_per_prompt: int = field(
+        default=2, metadata={"help": "pairs one prompt may give at most"}
+    )
+    batch_size: int = field(default=8, metadata={"help": "pairs per optimizer step"})
+    max_length: int = field(
+        default=1024,
+        metadata={"help": "longest prompt + reply in tokens; longer pairs are cut at the end"},
+    )
+    run_name: str = field(
+        default="refund-dpo-v1",
+        metadata={"help": "the run's name: its folder and dashboard entry"},
+    )
+
+    def default_learning_rate(self, parameters: int) -> float:
+        """The learning rate when ``--learning-rate`` is not given (DPO's table)."""
+        return dpo_default_learning_rate(parameters)
+
+    def resolved_label_smoothing(self) -> float:
+        if self.label_smoothing is not None:
+            return self.label_smoothing
+        return EXO_LABEL_SMOOTHING if self.loss_type == "exo_pair" else 0.0
+
+
+def check_dpo_settings(settings: DPOSettings) -> None:
+    """Refuse impossible settings, and read ``--pairs``, before anything is loaded or written.
+
+    Raises ``PosttrainError`` (``InputFileError`` for a bad pairs line, naming it).
+    """
+    if settings.loss_type not in DPO_LOSS_TYPES:
+        raise PosttrainError(
+            f"--loss-type {settings.loss_type!r} is not a DPO loss this TRL accepts; "
+            f"use one of {', '.join(DPO_LOSS_TYPES)}"
+        )
+    if settings.steps < 1:
+        raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
+    if settings.beta <= 0:
+        raise PosttrainError(f"--beta must be above 0, got {settings.beta}")
+    smoothing = settings.resolved_label_smoothing()
+    if settings.loss_type == "exo_pair" and smoothing <= 0:
+        raise PosttrainError("--loss-type exo_pair needs --label-smoothing above 0 (e.g. 1e-3)")
+    if settings.loss_type == "robust" and not 0.0 <= smoothing < 0.5:
+        raise PosttrainError(
+            f"--loss-type robust needs --label-smoothing in [0, 0.5), got {smoothing}"
+        )
+    if not 0.0 <= smoothing < 1.0:
+        raise PosttrainError(f"--label-smoothing must be in [0, 1), got {smoothing}")
+    if settings.pair_samples < 2:
+        raise PosttrainError(
+            f"--pair-samples must be at least 2 (a pair needs two replies), got "
+            f"{settings.pair_samples}"
+        )
+    if settings.min_margin <= 0:
+        raise PosttrainError(f"--min-margin must be above 0, got {settings.min_margin}")
+    if settings.max_pairs_per_prompt < 1:
+        raise PosttrainError(
+            f"--max-pairs-per-prompt must be at least 1, got {settings.max_pairs_per_prompt}"
+        )
+    if settings.constructed_share < 0:
+        raise PosttrainError(f"--constructed-share must be >= 0, got {settings.constructed_share}")
+    if settings.batch_size < 1:
+        raise PosttrainError(f"--batch-size must be at least 1, got {settings.batch_size}")
+    if settings.max_length < 16:
+        raise PosttrainError(f"--max-length must be at least 16 tokens, got {settings.max_length}")
+    if settings.pairs:
+        if settings.constructed_negatives:
+            raise PosttrainError(
+                "--constructed-negatives is built from the policy's own samples and cannot be "
+                "added to --pairs; build the file with `posttrain pairs build "
+                "--constructed-negatives` instead"
+            )
+        load_pairs(settings.pairs, skip_invalid=settings.skip_invalid)
+    elif settings.skip_invalid:
+        raise PosttrainError("--skip-invalid only applies to --pairs FILE")
+
+
+def dpo_config_kwargs(
+    settings: DPOSettings, learning_rate: float, output_dir: str, device: str
+) -> dict[str, Any]:
+    """The ``trl.DPOConfig`` arguments for these settings (pure: tested without TRL)."""
+    on_gpu = device.startswith("cuda")
+    return {
+        "output_dir": output_dir,
+        "max_steps": settings.steps,
+        "per_device_train_batch_size": settings.batch_size,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": learning_rate,
+        "beta": settings.beta,
+        "loss_type": [settings.loss_type],  # a list in TRL 1.16 (multi-loss)
+        "label_smoothing": settings.resolved_label_smoothing(),
+        "max_length": settings.max_length,
+        "seed": settings.seed,
+        # TRL's defaults are GPU-minded: set the CPU-safe values explicitly (spike.md 9.2)
+        "use_cpu": not on_gpu,
+        "bf16": on_gpu,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "lr_scheduler_type": "constant",
+    }
+
+
+def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
+    """Run the DPO recipe end to end; returns the summary (also in summary.json)."""
+    from posttrain.train.dpo_trainer import train_dpo
+    from posttrain.train.recipe import run_recipe
+
+    return run_recipe("dpo", settings, check=check_dpo_settings, train=train_dpo, say=say)

@@ -1,0 +1,224 @@
+"""Building the pairs and running TRL's DPOTrainer for a posttrain run.
+
+Kept apart from the recipe flow (``posttrain.train.recipe``) and the settings
+(``posttrain.train.dpo``) so the TRL-specific parts sit in one place. The training
+step ``train_dpo``:
+
+1. on ``--from-run``, saves the merged policy it starts from under ``merged/`` (the
+   shared flow already merged the adapter; a later round stacks on this folder);
+2. gets the pairs: sampled from the policy on the train prompts (evaluation
+   temperature and top-p, a seed of its own), or read from ``--pairs``; writes
+   them to ``pairs.jsonl`` and the pair report to the run store and summary;
+3. trains a fresh LoRA adapter with ``DPOTrainer(ref_model=None)``: with a PEFT
+   model TRL uses the adapter switched off as the reference, i.e. the policy the
+   run started from (the merged one in round two);
+4. saves ``adapter/`` and hands the trained policy back for the after-evaluation.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from typing import Any
+
+from posttrain.errors import PosttrainError
+from posttrain.policy.models import LORA_TARGET_MODULES, Policy
+from posttrain.train.dpo import DPOSettings, dpo_config_kwargs
+from posttrain.train.grpo_trainer import quiet_transformers_warnings
+from posttrain.train.pairs import (
+    Pair,
+    PairReport,
+    build_preference_pairs,
+    export_preference,
+    load_pairs,
+    sample_pair_rows,
+    summarize_pairs,
+)
+
+
+def dpo_dataset(pairs: list[Pair]) -> Any:
+    """A ``datasets.Dataset`` with the three columns DPOTrainer reads (conversational)."""
+    from datasets import Dataset
+
+    return Dataset.from_list(
+        [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in pairs]
+    )
+
+
+def policy_agent(context: Any) -> Any:
+    """The policy being trained as a sampling agent, at the evaluation temperature and top-p."""
+    from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
+    from posttrain.policy.sampler import SamplingParams
+
+    settings: DPOSettings = context.settings
+    params = SamplingParams(
+        temperature=settings.eval_temperature,
+        top_p=settings.eval_top_p,
+        max_new_tokens=default_max_new_tokens(context.policy),
+    )
+    context.policy.model.eval()
+    return ModelAgent(context.policy, params)
+
+
+def sample_pairs(context: Any, agent: Any) -> tuple[list[Pair], PairReport]:
+    """On-policy pairs: ``--pair-samples`` replies per train prompt from ``agent``.
+
+    ``context`` needs ``settings``, ``env``, ``data.train`` and ``say``. Raises
+    ``PosttrainError`` when no prompt had contrast, saying to raise ``--pair-samples``.
+    """
+    from posttrain.progress import progress_bar
+
+    settings: DPOSettings = context.settings
+    train = context.data.train
+    total = settings.pair_samples * len(train)
+    context.say(
+        f"pairs: sampling {settings.pair_samples} replies per train prompt "
+        f"({len({record['prompt'] for record in train})} distinct prompts, {total} replies)"
+    )
+    with progress_bar("pairs: sampling", total) as update:
+        rows = sample_pair_rows(
+            context.env,
+            train,
+            agent,
+            settings.pair_samples,
+            seed=settings.seed,
+            progress=lambda done, _total: update(done),
+        )
+    pairs, report = build_preference_pairs(
+        rows,
+        env=context.env,
+        min_margin=settings.min_margin,
+        max_pairs_per_prompt=settings.max_pairs_per_prompt,
+        constructed_share=settings.constructed_share if settings.constructed_negatives else None,
+    )
+    if report.sampled_pairs == 0:
+        raise PosttrainError(
+            f"no train prompt had contrast: in {settings.pair_samples} samples each, every one "
+            f"of the {report.prompts_seen} prompts scored within {settings.min_margin} of "
+            "itself (all pass or all fail), so there is no pair to learn from. Raise "
+            f"--pair-samples (e.g. --pair-samples {settings.pair_samples * 2}), or give "
+            "--pairs FILE"
+        )
+    return pairs, report
+
+
+def file_pairs(settings: DPOSettings) -> tuple[list[Pair], PairReport]:
+    """Pairs read from ``--pairs`` (already checked by ``check_dpo_settings``)."""
+    pairs, skipped = load_pairs(settings.pairs, skip_invalid=settings.skip_invalid)
+    report = summarize_pairs(pairs, source=str(settings.pairs))
+    report.skipped_lines = len(skipped)
+    if skipped:
+        report.warnings.append(f"{len(skipped)} invalid line(s) skipped, first: {skipped[0]}")
+    return pairs, report
+
+
+def build_dpo_trainer(
+    policy: Policy,
+    pairs: list[Pair],
+    settings: DPOSettings,
+    learning_rate: float,
+    callbacks: list[Any],
+    output_dir: str | None = None,
+) -> Any:
+    """A ready-to-train ``trl.DPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
+    from peft import LoraConfig
+    from transformers import PrinterCallback
+    from trl import DPOConfig, DPOTrainer
+
+    output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-dpo-")
+    lora = LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(LORA_TARGET_MODULES),
+        task_type="CAUSAL_LM",
+    )
+    policy.model.train()
+    with quiet_transformers_warnings():
+        config = DPOConfig(**dpo_config_kwargs(settings, learning_rate, output_dir, policy.device))
+        trainer = DPOTrainer(
+            model=policy.model,
+            ref_model=None,  # with peft_config: the reference is the adapter switched off
+            args=config,
+            train_dataset=dpo_dataset(pairs),
+            processing_class=policy.tokenizer,
+            peft_config=lora,
+            callbacks=callbacks,
+        )
+    # our console progress and the run store replace the raw log dicts printed to stdout
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def settle_learning_rate(context: Any) -> float:
+    """The rate DPO trains with: ``--learning-rate``, else DPO's default for the model size.
+
+    The shared flow resolves a default before the recipe's step runs. Where it used the
+    GRPO table (``run_recipe`` does not yet ask the settings for their default), the
+    context, ``config.json`` and the console are corrected here, so the run's records
+    say which rate trained; where it already asked, this changes nothing.
+    """
+    from posttrain.policy.models import parameter_count
+
+    settings: DPOSettings = context.settings
+    if settings.learning_rate:
+        return settings.learning_rate
+    rate = settings.default_learning_rate(parameter_count(context.policy.model))
+    if rate != context.learning_rate:
+        context.learning_rate = rate
+        config = context.folder.read_json("config.json")
+        config["resolved"]["learning_rate"] = rate
+        config["resolved"]["learning_rate_source"] = "DPO default for model size"
+        context.folder.write_json("config.json", config)
+        context.say(f"learning rate for DPO: {rate:g} (DPO default for model size)")
+        context.run.note(f"learning rate for DPO: {rate:g} (DPO default for model size)")
+    return rate
+
+
+def train_dpo(context: Any) -> Any:
+    """The DPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
+    from posttrain.policy.models import save_policy
+    from posttrain.train.callbacks import TrainerCallback
+    from posttrain.train.console import ConsoleProgress
+    from posttrain.train.recipe import TrainOutcome
+
+    settings: DPOSettings = context.settings
+    learning_rate = settle_learning_rate(context)
+    if settings.from_run:
+        # the policy is the earlier run's adapter merged into its base: keep it, so a
+        # third round (or serving) can load it without redoing the merge
+        merged = save_policy(context.policy, context.folder.file("merged"))
+        context.say(f"round two: merged starting policy saved to {merged}")
+    if settings.pairs:
+        pairs, report = file_pairs(settings)
+    else:
+        pairs, report = sample_pairs(context, policy_agent(context))
+    export_preference(pairs, context.folder.file("pairs.jsonl"))
+    for line in report.describe().splitlines():
+        context.say(line)
+    context.run.log(0, {"pairs": report.pairs, "constructed_pairs": report.constructed_pairs})
+    if report.pairs < settings.batch_size:
+        context.say(
+            f"! only {report.pairs} pairs for batches of {settings.batch_size}: every step "
+            "sees all of them, so expect the adapter to memorise them"
+        )
+    epochs = settings.steps * settings.batch_size / report.pairs
+    context.say(
+        f"training: DPO, {settings.steps} steps x {settings.batch_size} pairs "
+        f"(~{epochs:.1f} passes over {report.pairs} pairs), loss {settings.loss_type}, "
+        f"beta {settings.beta}"
+    )
+    callbacks = [
+        TrainerCallback(context.run, total_steps=settings.steps),
+        ConsoleProgress("training"),
+    ]
+    trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks)
+    with quiet_transformers_warnings():
+        trainer.train()
+    trainer.model.save_pretrained(str(context.folder.adapter))
+    trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
+    return TrainOutcome(
+        policy=trained,
+        history=list(trainer.state.log_history),
+        extra={"pair_report": report.to_dict(), "pairs": report.pairs},
+    )

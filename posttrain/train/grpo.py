@@ -1,0 +1,167 @@
+"""GRPO with a LoRA adapter on TRL's GRPOTrainer, against the environment's rule reward.
+
+The algorithm is TRL's: for each prompt, ``num_generations`` completions are
+sampled from the policy; each completion's reward is the environment's raw rule
+score of its first reply (a function, not a judge); the advantage is the reward
+minus the group mean, divided by the group's standard deviation unless
+``--no-scale-rewards``; the loss is the clipped policy-gradient surrogate,
+normalised per ``--loss-type``, plus ``beta`` times the KL to the reference,
+which is the base model with the adapter switched off.
+
+Where we deviate from the seed recipe, and why:
+- ``--loss-type`` defaults to ``bnpo`` as in the seed (TRL 1.16's own default is
+  ``dapo``).
+- A step here takes ``--batch-size`` completions (default two prompts' groups,
+  16 completions): on a CPU a two-group step halves the gradient noise for about
+  1.8x the cost of a one-group step (reference/spike.md section 4).
+- Rollouts sample at temperature 1.0 (TRL's default): the evaluations, not the
+  rollouts, use the recipe's 0.8 / top-p 0.95.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.errors import PosttrainError
+from posttrain.train.settings import RecipeSettings
+
+# loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
+GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+STOP_ON_ALARMS = ("feature", "length")
+
+
+@dataclass
+class GRPOSettings(RecipeSettings):
+    """Every knob of the GRPO recipe (see ``posttrain grpo --help``)."""
+
+    steps: int = field(default=40, metadata={"help": "optimizer steps"})
+    num_generations: int = field(
+        default=8,
+        metadata={"help": "completions per prompt: the group the advantage is relative to"},
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "completions per optimizer step; must be a multiple of --num-generations "
+            "(default: two prompts' groups)"
+        },
+    )
+    beta: float = field(
+        default=0.04,
+        metadata={"help": "KL penalty to the reference (adapter off); 0 turns it off"},
+    )
+    loss_type: str = field(
+        default="bnpo",
+        metadata={"help": "how the per-token loss is normalised", "choices": GRPO_LOSS_TYPES},
+    )
+    epsilon_high: float = field(
+        default=0.0,
+        metadata={"help": "upper PPO clip; 0 keeps TRL's symmetric 0.2, DAPO uses 0.28"},
+    )
+    no_scale_rewards: bool = field(
+        default=False,
+        metadata={"help": "do not divide the advantage by the group's reward std"},
+    )
+    mask_truncated: bool = field(
+        default=False,
+        metadata={"help": "drop completions cut at --max-completion-length from the loss"},
+    )
+    max_completion_length: int = field(
+        default=64, metadata={"help": "longest completion sampled in training, in tokens"}
+    )
+    monitor_every: int = field(
+        default=10,
+        metadata={"help": "steps between hack-monitor samples of the holdout (0: off)"},
+    )
+    stop_on: str = field(
+        default="",
+        metadata={
+            "help": "alarms that end the run: feature, length, or both comma-separated",
+            "metavar": "ALARMS",
+        },
+    )
+    run_name: str = field(
+        default="refund-grpo-v1",
+        metadata={"help": "the run's name: its folder and dashboard entry"},
+    )
+
+    def completions_per_step(self) -> int:
+        return self.batch_size if self.batch_size is not None else 2 * self.num_generations
+
+    def stop_on_alarms(self) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self.stop_on.split(",") if part.strip())
+
+
+def check_grpo_settings(settings: GRPOSettings) -> None:
+    """Refuse impossible settings before anything is loaded or written."""
+    if settings.loss_type not in GRPO_LOSS_TYPES:
+        raise PosttrainError(
+            f"--loss-type {settings.loss_type!r} is not a GRPO loss this TRL accepts; "
+            f"use one of {', '.join(GRPO_LOSS_TYPES)}"
+        )
+    if settings.steps < 1:
+        raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
+    if settings.num_generations < 2:
+        raise PosttrainError(
+            "--num-generations must be at least 2: the advantage is relative to the group"
+        )
+    batch = settings.completions_per_step()
+    if batch < 1 or batch % settings.num_generations:
+        raise PosttrainError(
+            f"--batch-size {batch} is not a multiple of --num-generations "
+            f"{settings.num_generations}: each step needs whole groups "
+            f"(e.g. --batch-size {2 * settings.num_generations})"
+        )
+    unknown = [a for a in settings.stop_on_alarms() if a not in STOP_ON_ALARMS]
+    if unknown:
+        raise PosttrainError(
+            f"--stop-on {','.join(unknown)}: unknown alarm; use feature, length or both"
+        )
+    if settings.beta < 0:
+        raise PosttrainError(f"--beta must be >= 0, got {settings.beta}")
+    if settings.epsilon_high < 0:
+        raise PosttrainError(f"--epsilon-high must be >= 0, got {settings.epsilon_high}")
+    if settings.monitor_every < 0:
+        raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
+
+
+def grpo_config_kwargs(
+    settings: GRPOSettings, learning_rate: float, output_dir: str, device: str
+) -> dict[str, Any]:
+    """The ``trl.GRPOConfig`` arguments for these settings (pure: tested without TRL)."""
+    on_gpu = device.startswith("cuda")
+    return {
+        "output_dir": output_dir,
+        "max_steps": settings.steps,
+        "per_device_train_batch_size": settings.completions_per_step(),
+        "gradient_accumulation_steps": 1,
+        "num_generations": settings.num_generations,
+        "max_completion_length": settings.max_completion_length,
+        "learning_rate": learning_rate,
+        "beta": settings.beta,
+        "loss_type": settings.loss_type,
+        "epsilon_high": settings.epsilon_high or None,
+        "scale_rewards": "none" if settings.no_scale_rewards else "group",
+        "mask_truncated_completions": settings.mask_truncated,
+        "temperature": 1.0,
+        "seed": settings.seed,
+        # TRL's defaults are GPU-minded: set the CPU-safe values explicitly (spike.md 9.2)
+        "use_cpu": not on_gpu,
+        "bf16": on_gpu,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "lr_scheduler_type": "constant",
+    }
+
+
+def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
+    """Run the GRPO recipe end to end; returns the summary (also in summary.json)."""
+    from posttrain.train.grpo_trainer import train_grpo
+    from posttrain.train.recipe import run_recipe
+
+    return run_recipe("grpo", settings, check=check_grpo_settings, train=train_grpo, say=say)

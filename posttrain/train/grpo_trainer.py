@@ -1,0 +1,142 @@
+"""Building and running TRL's GRPOTrainer for a posttrain run.
+
+Kept apart from the recipe flow (``posttrain.train.recipe``) so the flow stays
+readable and the TRL-specific parts (dataset columns, config, callbacks) sit in
+one place.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from posttrain.envs.base import Env
+from posttrain.policy.models import LORA_TARGET_MODULES, Policy
+from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
+from posttrain.train.rewards import RuleReward
+
+
+def grpo_dataset(env: Env, records: list[dict[str, Any]]) -> Any:
+    """A ``datasets.Dataset`` of conversational prompts plus the columns the reward reads."""
+    from datasets import Dataset
+
+    return Dataset.from_list(
+        [
+            {
+                "prompt": env.messages_for(record["prompt"]),
+                "prompt_text": record["prompt"],
+                "scenario_id": str(record["scenario_id"]),
+            }
+            for record in records
+        ]
+    )
+
+
+def build_grpo_trainer(
+    policy: Policy,
+    env: Env,
+    train_records: list[dict[str, Any]],
+    settings: GRPOSettings,
+    learning_rate: float,
+    callbacks: list[Any],
+    reward: RuleReward,
+    output_dir: str | None = None,
+) -> Any:
+    """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
+    from peft import LoraConfig
+    from transformers import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-grpo-")
+    config = GRPOConfig(**grpo_config_kwargs(settings, learning_rate, output_dir, policy.device))
+    lora = LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(LORA_TARGET_MODULES),
+        task_type="CAUSAL_LM",
+    )
+    # the sampler pads on the left for generation; TRL handles its own padding
+    policy.model.train()
+    with quiet_transformers_warnings():
+        trainer = GRPOTrainer(
+            model=policy.model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=grpo_dataset(env, train_records),
+            processing_class=policy.tokenizer,
+            peft_config=lora,
+            callbacks=callbacks,
+        )
+    # our console progress and the run store replace the raw log dicts printed to stdout
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+@contextmanager
+def quiet_transformers_warnings() -> Iterator[None]:
+    """Silence transformers 5.24's renaming notice for gradient checkpointing, which every
+    TRL run prints although posttrain turns checkpointing off (reference/spike.md 9.3)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        yield
+
+
+def train_grpo(context: Any) -> Any:
+    """The GRPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
+    from dataclasses import replace
+
+    from posttrain.policy.model_agent import default_max_new_tokens
+    from posttrain.train.callbacks import TrainerCallback
+    from posttrain.train.console import ConsoleProgress
+    from posttrain.train.monitor import HackMonitor, MonitorSettings
+    from posttrain.train.recipe import TrainOutcome
+
+    settings: GRPOSettings = context.settings
+    reward = RuleReward(context.env)
+    store_callback = TrainerCallback(context.run, total_steps=settings.steps)
+    callbacks: list[Any] = [store_callback, ConsoleProgress("training")]
+    monitor = None
+    if settings.monitor_every > 0:
+        monitor = HackMonitor(
+            env=context.env,
+            policy=context.policy,
+            holdout=context.data.holdout,
+            reward=reward,
+            run=context.run,
+            settings=MonitorSettings(
+                every=settings.monitor_every, stop_on=settings.stop_on_alarms(), seed=settings.seed
+            ),
+            max_new_tokens=default_max_new_tokens(context.policy),
+        )
+        callbacks.append(monitor)
+    context.say(
+        f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
+        f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
+    )
+    trainer = build_grpo_trainer(
+        context.policy,
+        context.env,
+        context.data.train,
+        settings,
+        context.learning_rate,
+        callbacks,
+        reward,
+    )
+    with quiet_transformers_warnings():
+        trainer.train()
+    trainer.model.save_pretrained(str(context.folder.adapter))
+    trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
+    stopped_by = monitor.stopped_by if monitor else None
+    return TrainOutcome(
+        policy=trained,
+        status="stopped" if stopped_by else "done",
+        stop_reason=stopped_by,
+        history=list(trainer.state.log_history),
+        alarms=monitor.alarms if monitor else [],
+        extra={"monitor": monitor.summary() if monitor else None},
+    )

@@ -1,0 +1,158 @@
+"""Measuring a recipe's policies and writing what a person reads at the end.
+
+``evaluate_policy`` samples the holdout with the run's evaluation settings;
+``finish_summary`` turns the before/after rows into the paired delta, the guard
+check and the category table, writes ``summary.json``, ``report.md`` and
+``curves.png``, and prints the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
+from posttrain.policy.sampler import SamplingParams
+from posttrain.score.delta import delta, noise_band
+from posttrain.score.evaluate import evaluate
+from posttrain.score.format import json_safe
+from posttrain.score.passat import PassAt, category_table, pass_at
+
+if TYPE_CHECKING:
+    from posttrain.policy.models import Policy
+    from posttrain.train.recipe import RecipeContext, TrainOutcome
+
+GUARDS = ("well_formed",)
+
+
+@dataclass
+class PolicyEvaluation:
+    """One policy's holdout rows per evaluation run, with pass@1 of run 0."""
+
+    runs: list[list[dict[str, Any]]]
+    seconds: float
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.runs[0]
+
+    def pass_at(self, seed: int = 0) -> PassAt:
+        return pass_at(self.rows, seed=seed)
+
+    def describe(self) -> str:
+        line = str(self.pass_at())
+        if len(self.runs) > 1:
+            rates = [pass_at(rows).pass_at_1 for rows in self.runs]
+            line += "; repeats " + ", ".join(f"{rate:.3f}" for rate in rates)
+        return line
+
+
+def evaluate_policy(
+    context: RecipeContext, policy: Policy, *, repeats: int, label: str
+) -> PolicyEvaluation:
+    """Sample ``eval_samples`` replies per holdout prompt, ``repeats`` times (seeded)."""
+    settings = context.settings
+    params = SamplingParams(
+        temperature=settings.eval_temperature,
+        top_p=settings.eval_top_p,
+        max_new_tokens=default_max_new_tokens(policy),
+    )
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        agent = ModelAgent(policy, params)
+        evaluation = evaluate(
+            context.env,
+            context.data.holdout,
+            agent,
+            samples=settings.eval_samples,
+            seed=settings.seed,
+            repeats=repeats,
+            label=label,
+        )
+    finally:
+        if was_training:
+            policy.model.train()
+    return PolicyEvaluation(runs=evaluation.runs, seconds=evaluation.seconds)
+
+
+def _history_curves(history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    curves: dict[str, list[tuple[int, float]]] = {}
+    names = {
+        "reward": "reward",
+        "kl": "kl",
+        "completions/mean_length": "completion_length",
+        "loss": "loss",
+        "rewards/margins": "margins",
+        "rewards/accuracies": "accuracies",
+    }
+    for entry in history:
+        step = entry.get("step")
+        for key, name in names.items():
+            if step is not None and isinstance(entry.get(key), (int, float)):
+                curves.setdefault(name, []).append((int(step), float(entry[key])))
+    return curves
+
+
+def finish_summary(
+    context: RecipeContext | None,
+    summary: dict[str, Any],
+    before: PolicyEvaluation | None,
+    after: PolicyEvaluation | None,
+    outcome: TrainOutcome,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Complete the summary, write the run folder's report files, print the report."""
+    from posttrain.runs.report import write_curves_png, write_report_markdown
+
+    if context is None:
+        return summary
+    say = context.say
+    summary.update(
+        {
+            "base_model": context.settings.base_model,
+            "from_run": context.settings.from_run,
+            "learning_rate": context.learning_rate,
+            "data": context.data.counts(),
+            "alarms": outcome.alarms,
+            "stop_reason": outcome.stop_reason,
+            "timings": {key: round(value, 2) for key, value in timings.items()},
+            **outcome.extra,
+        }
+    )
+    report = None
+    if before is not None:
+        noise = noise_band(before.runs) if len(before.runs) > 1 else None
+        summary["before"] = before.pass_at().to_dict()
+        summary["noise"] = noise.to_dict() if noise else None
+        summary["by_category_before"] = [g.to_dict() for g in category_table(before.rows)]
+        if after is not None:
+            report = delta(before.rows, after.rows, guards=GUARDS, by="category", noise=noise)
+            summary["after"] = after.pass_at().to_dict()
+            summary["by_category_after"] = [g.to_dict() for g in category_table(after.rows)]
+            summary["delta"] = report.to_dict()
+            summary["verdict"] = report.verdict
+            summary["ok"] = report.ok
+    curves = _history_curves(outcome.history)
+    summary["curves"] = {name: points[-1][1] for name, points in curves.items() if points}
+    summary = json_safe(summary)
+    folder = context.folder
+    folder.write_json("summary.json", summary)
+    write_report_markdown(folder.file("report.md"), summary, report)
+    if curves:
+        write_curves_png(folder.file("curves.png"), curves, title=context.settings.run_name)
+    say("")
+    if report is not None:
+        say(report.format())
+    elif before is not None:
+        say(f"no after-evaluation (run {summary['status']}); before: {before.describe()}")
+    for alarm in outcome.alarms:
+        say(f"alarm  {alarm.get('kind')} at step {alarm.get('step')}: {alarm.get('message')}")
+    parts = ", ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in summary["timings"].items())
+    say(f"timings: {parts}")
+    say(
+        f"status: {summary['status']}; saved {folder.path}/ (summary.json, report.md"
+        + (", curves.png" if curves else "")
+        + ")"
+    )
+    return summary

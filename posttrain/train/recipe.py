@@ -1,0 +1,191 @@
+"""The flow every training recipe shares, top to bottom:
+
+1. check the settings, build the prompts and the holdout (same seed, same split);
+2. refuse an existing run name, load the base policy (merging ``--from-run``'s adapter);
+3. create the run folder and the run in the store, write ``config.json``;
+4. evaluate the base policy on the holdout, ``eval_repeats`` times (the noise band);
+5. train (the recipe's own step: GRPO or DPO), with progress and monitoring;
+6. evaluate the trained policy on the same holdout prompts with the same seeds;
+7. the paired delta, guard check and category table; ``summary.json``,
+   ``report.md``, ``curves.png``; finish the run done / stopped / failed.
+
+Ctrl-C during training marks the run ``stopped`` and keeps what was measured.
+Nothing is written before every input has been checked.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.data.prepare import PreparedData, prepare_data
+from posttrain.envs import get_env
+from posttrain.envs.base import Env
+from posttrain.errors import PosttrainError
+from posttrain.policy.models import Policy, load_adapter, load_policy, merge_adapter
+from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
+from posttrain.train.settings import RecipeSettings, default_learning_rate
+
+
+@dataclass
+class TrainOutcome:
+    """What a recipe's training step hands back to the shared flow."""
+
+    policy: Policy | None  # the trained policy (adapter on), None when nothing was trained
+    status: str = "done"  # done | stopped
+    stop_reason: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # trainer log history
+    alarms: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # recipe-specific summary entries
+
+
+@dataclass
+class RecipeContext:
+    """Everything the training step may need; built by ``run_recipe``."""
+
+    recipe: str
+    settings: RecipeSettings
+    env: Env
+    data: PreparedData
+    folder: RunFolder
+    policy: Policy
+    learning_rate: float
+    run: Any  # RunHandle (or NullRun)
+    before_rows: list[dict[str, Any]] = field(default_factory=list)
+    say: Callable[[str], None] = print
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as metadata
+
+    versions = {"python": sys.version.split()[0]}
+    for package in ("posttrain", "torch", "transformers", "trl", "peft", "datasets"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]:
+    from_folder = None
+    if settings.from_run:
+        from_folder = find_run(root, settings.from_run)
+        if not from_folder.adapter.is_dir():
+            raise PosttrainError(
+                f"run {settings.from_run!r} has no adapter/ (it did not finish training): "
+                "choose a finished run for --from-run"
+            )
+    merged_base = from_folder.file("merged") if from_folder else None
+    if merged_base is not None and merged_base.is_dir():
+        # a DPO round-two run saved its merged base: stack on top of it
+        policy = load_policy(str(merged_base))
+    else:
+        policy = load_policy(settings.base_model)
+    if from_folder is not None:
+        policy = merge_adapter(load_adapter(policy, from_folder.adapter))
+    return policy, str(from_folder.path) if from_folder else None
+
+
+def run_recipe(
+    recipe: str,
+    settings: RecipeSettings,
+    *,
+    check: Callable[[RecipeSettings], None],
+    train: Callable[[RecipeContext], TrainOutcome],
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run one recipe end to end (see module docstring); returns the summary dict."""
+    from posttrain.policy.models import parameter_count
+    from posttrain.runs.store import open_run
+    from posttrain.train.measure import evaluate_policy, finish_summary
+
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    check(settings)
+    if settings.eval_samples < 1 or settings.eval_repeats < 1:
+        raise PosttrainError("--eval-samples and --eval-repeats must be at least 1")
+    env = get_env(settings.env)
+    data = prepare_data(settings.data_config(), env)
+    root = runs_root(settings.runs_dir)
+    folder = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
+    timings["data_s"] = time.monotonic() - started
+
+    mark = time.monotonic()
+    policy, from_run_path = _load_base(settings, root)
+    parameters = parameter_count(policy.model)
+    learning_rate = settings.learning_rate or default_learning_rate(parameters)
+    timings["load_s"] = time.monotonic() - mark
+
+    create_run_folder(folder, overwrite=settings.overwrite)
+    config = {
+        "recipe": recipe,
+        "settings": settings.to_config(),
+        "resolved": {
+            "learning_rate": learning_rate,
+            "learning_rate_source": "flag" if settings.learning_rate else "default for model size",
+            "base_parameters": parameters,
+            "device": policy.device,
+            "dtype": policy.dtype,
+            "from_run": from_run_path,
+        },
+        "data": {"source": data.source, "split": data.split, **data.counts()},
+        "versions": _versions(),
+    }
+    folder.write_json("config.json", config)
+    run = open_run(settings.run_name, config, run_dir=folder.path, runs_root=root)
+    where = f"  dashboard: {run.url}" if getattr(run, "url", None) else ""
+    say(f"posttrain {recipe}: run {settings.run_name} -> {folder.path}{where}")
+    say(data.describe())
+    say(
+        f"base model: {settings.base_model}"
+        + (f" + {settings.from_run} (merged)" if settings.from_run else "")
+        + f" ({parameters / 1e6:.1f}M parameters, {policy.device} {policy.dtype}); "
+        f"learning rate {learning_rate:g} ({config['resolved']['learning_rate_source']})"
+    )
+
+    context = RecipeContext(
+        recipe, settings, env, data, folder, policy, learning_rate, run, say=say
+    )
+    summary: dict[str, Any] = {"recipe": recipe, "run_name": settings.run_name, "status": "failed"}
+    outcome = TrainOutcome(policy=None)
+    before = after = None
+    try:
+        mark = time.monotonic()
+        before = evaluate_policy(
+            context, policy, repeats=settings.eval_repeats, label="before: evaluating holdout"
+        )
+        context.before_rows = before.rows
+        folder.write_rows("holdout_before.jsonl", [row for rows in before.runs for row in rows])
+        timings["before_eval_s"] = time.monotonic() - mark
+        say(f"before  {before.describe()}")
+
+        mark = time.monotonic()
+        try:
+            outcome = train(context)
+        except KeyboardInterrupt:
+            outcome = TrainOutcome(policy=None, status="stopped", stop_reason="Ctrl-C")
+            say("interrupted: the run is marked stopped; what was measured is kept")
+        timings["train_s"] = time.monotonic() - mark
+
+        if outcome.policy is not None:
+            mark = time.monotonic()
+            after = evaluate_policy(context, outcome.policy, repeats=1, label="after: evaluating")
+            folder.write_rows("holdout_after.jsonl", after.rows)
+            timings["after_eval_s"] = time.monotonic() - mark
+        summary["status"] = outcome.status
+    except KeyboardInterrupt:
+        summary["status"] = "stopped"
+        outcome.stop_reason = outcome.stop_reason or "Ctrl-C"
+        say("interrupted: the run is marked stopped; what was measured is kept")
+    except BaseException as error:
+        summary["error"] = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        timings["total_s"] = time.monotonic() - started
+        summary = finish_summary(context, summary, before, after, outcome, timings)
+        run.finish(summary, status=summary["status"])
+    return summary

@@ -1,0 +1,113 @@
+"""Settings shared by the training recipes: data, evaluation, run folder, model.
+
+Each recipe's settings dataclass (``GRPOSettings``, ``DPOSettings``) extends
+``RecipeSettings``; the CLI builds its flags from the fields' ``help`` metadata,
+and ``config.json`` holds every field, so a run's folder says exactly how it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.data.prepare import DataConfig
+
+# learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
+# is for a 1.5B model; the ~10M starter learns nothing visible at that rate in 40 steps
+# (measured in reference/spike.md: 2e-3 moves it; 1e-6 does not).
+LEARNING_RATE_BY_SIZE = (
+    (50e6, 2e-3),
+    (300e6, 2e-4),
+    (1e9, 2e-5),
+)
+LARGE_MODEL_LEARNING_RATE = 5e-6
+
+
+def default_learning_rate(parameters: int) -> float:
+    """The LoRA learning rate used when ``--learning-rate`` is not given."""
+    for limit, rate in LEARNING_RATE_BY_SIZE:
+        if parameters <= limit:
+            return rate
+    return LARGE_MODEL_LEARNING_RATE
+
+
+@dataclass
+class RecipeSettings:
+    """What every recipe shares. Fields with ``help`` become command-line flags."""
+
+    base_model: str = field(
+        default="starter",
+        metadata={
+            "help": "policy to train: starter, starter-2m, smollm2, a hub id, a local folder "
+            "or a .gguf file"
+        },
+    )
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA learning rate; default by model size: 2e-3 up to 50M parameters, "
+            "2e-4 up to 300M, 2e-5 up to 1B, 5e-6 above"
+        },
+    )
+    prompts: int = field(
+        default=200, metadata={"help": "template situations to write prompts from"}
+    )
+    prompts_file: str | None = field(
+        default=None, metadata={"help": "a JSONL prompt set instead of the template writer"}
+    )
+    holdout: float = field(
+        default=0.2,
+        metadata={
+            "help": "share of scenarios held out; stratified by category when --prompts-file "
+            "is given"
+        },
+    )
+    balance: float = field(
+        default=0.0,
+        metadata={"help": "repeat minority-category train prompts up to this share"},
+    )
+    seed: int = field(
+        default=0,
+        metadata={"help": "data seed: the same seed builds the same prompts and holdout"},
+    )
+    eval_samples: int = field(
+        default=4, metadata={"help": "samples per holdout prompt in each evaluation"}
+    )
+    eval_repeats: int = field(
+        default=2,
+        metadata={"help": "base-policy evaluations with different sampling seeds (noise band)"},
+    )
+    eval_temperature: float = field(
+        default=0.8, metadata={"help": "sampling temperature of the evaluations"}
+    )
+    eval_top_p: float = field(default=0.95, metadata={"help": "top-p of the evaluations"})
+    run_name: str = field(
+        default="refund-run", metadata={"help": "the run's name: its folder and dashboard entry"}
+    )
+    runs_dir: str | None = field(
+        default=None, metadata={"help": "folder holding run folders ($POSTTRAIN_RUNS or ./runs)"}
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace an existing run of the same name"}
+    )
+    from_run: str | None = field(
+        default=None,
+        metadata={"help": "start from that run's adapter merged into the base model"},
+    )
+    env: str = field(default="refund", metadata={"help": "environment name or module:attribute"})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(
+            prompts=self.prompts,
+            prompts_file=self.prompts_file,
+            seed=self.seed,
+            holdout=self.holdout,
+            balance=self.balance,
+        )
+
+    def to_config(self) -> dict[str, Any]:
+        """Every field, for ``config.json``."""
+        return dataclasses.asdict(self)

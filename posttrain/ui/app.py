@@ -1,0 +1,111 @@
+"""The dashboard's pages on a run server: the run list, the run page and their static files.
+
+The pages are plain HTML and vanilla JavaScript shipped inside the package
+(``posttrain/ui/templates`` and ``posttrain/ui/static``): no build step, nothing fetched
+from a CDN, so the dashboard works on a machine without internet. The browser reads
+everything else from the server's JSON API (``posttrain/runs/server.py``) and polls it
+for live updates.
+
+Routes added to a ``RunServer``:
+
+| path                 | answer                                                        |
+|----------------------|---------------------------------------------------------------|
+| `/`                  | the run list (`templates/runs.html`)                          |
+| `/runs/<name>`       | a run's page (`templates/run.html`); the run store prints this URL |
+| `/static/<file>`     | a file of `static/` (one path segment, listed files only)     |
+| `/favicon.ico`       | 204, so the browser's automatic request leaves no error       |
+
+A run name that could escape the runs folder (``..``, ``.hidden``) is a 400; a path
+with a slash after ``/runs/`` or ``/static/`` matches no route, so it is a 404.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain.runs.ops import RunStoreError, check_run_name
+from posttrain.runs.server import HttpError, Request, Response, RunServer, serve
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+STATIC_DIR = PACKAGE_DIR / "static"
+TEMPLATES_DIR = PACKAGE_DIR / "templates"
+
+CONTENT_TYPES = {
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".html": "text/html; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+
+# Pages take no inline script or style and load nothing from elsewhere: a run name or a
+# config value that smuggled markup into the page could not run it.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def static_files() -> dict[str, Path]:
+    """The files ``/static/<name>`` may serve: every regular file directly in ``static/``."""
+    return {
+        path.name: path
+        for path in STATIC_DIR.iterdir()
+        if path.is_file() and not path.name.startswith(".")
+    }
+
+
+def _page(template: str) -> Response:
+    body = (TEMPLATES_DIR / template).read_bytes()
+    return Response(200, body, CONTENT_TYPES[".html"], dict(PAGE_HEADERS))
+
+
+def add_dashboard(server: RunServer) -> RunServer:
+    """Register the dashboard's page and static routes on ``server``; returns it.
+
+    Static files are looked up in a table built here (a name is served only if it is a
+    file of ``static/`` now), so no request path is ever joined onto a folder.
+    """
+    files = static_files()
+
+    def run_list(request: Request) -> Response:
+        return _page("runs.html")
+
+    def run_page(request: Request) -> Response:
+        try:
+            check_run_name(request.match["name"])
+        except RunStoreError as error:
+            raise HttpError(400, str(error)) from None
+        # an unknown run still gets its page: it may be about to start, and the page
+        # says "no run named ..." until it does
+        return _page("run.html")
+
+    def static(request: Request) -> Response:
+        path = files.get(request.match["file"])
+        if path is None:
+            raise HttpError(404, f"no static file {request.match['file']!r}")
+        content_type = CONTENT_TYPES.get(path.suffix, "application/octet-stream")
+        return Response(200, path.read_bytes(), content_type, {"X-Content-Type-Options": "nosniff"})
+
+    def no_icon(request: Request) -> Response:
+        return Response(204, b"", "image/x-icon")
+
+    server.add_route("GET", r"/", run_list)
+    server.add_route("GET", r"/runs/(?P<name>[^/]+)", run_page)
+    server.add_route("GET", r"/static/(?P<file>[^/]+)", static)
+    server.add_route("GET", r"/favicon\.ico", no_icon)
+    return server
+
+
+def dashboard_server(store_path: str | Path, host: str = "127.0.0.1", port: int = 8765,
+                     token: str | None = None) -> RunServer:
+    """A run server over the SQLite file ``store_path`` with the dashboard's pages added.
+
+    Not started: call ``serve_forever()`` (or ``start_in_thread``). ``port`` 0 picks a
+    free port; ``token`` protects ``POST /api/ingest`` (reads stay open).
+    """
+    return add_dashboard(serve(store_path, host, port, token))

@@ -1,0 +1,41 @@
+"""Shared fixtures: an isolated, offline models folder and the starter-2m policy.
+
+Every test session gets its own models folder (``POSTTRAIN_MODELS``) so tests
+never read or write the user's cache, and ``HF_HUB_OFFLINE=1`` so nothing tries
+the network. Set ``POSTTRAIN_TEST_MODELS`` to a folder to reuse builds across
+sessions (the starter cache is keyed by recipe, so a stale build is never used).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's models folder, exported as POSTTRAIN_MODELS (with the hub offline)."""
+    folder = os.environ.get("POSTTRAIN_TEST_MODELS") or str(tmp_path_factory.mktemp("models"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POSTTRAIN_MODELS", folder)
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("TOKENIZERS_PARALLELISM", "false")
+        yield Path(folder)
+
+
+@pytest.fixture(scope="session")
+def starter_2m_folder(models_folder: Path) -> Path:
+    """The starter-2m build (about 40 s the first time in a session)."""
+    from posttrain.policy.starter import build_starter
+
+    return build_starter("starter-2m", show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def starter_2m(starter_2m_folder: Path):
+    """The starter-2m policy, shared: read it, never attach adapters to it or train it."""
+    from posttrain.policy.models import load_policy
+
+    return load_policy("starter-2m", show_progress=False)

@@ -1,0 +1,63 @@
+"""Bad input to `posttrain grpo` is refused with a clear message before anything is written."""
+
+import json
+
+from posttrain.cli import main
+
+
+def run_grpo(capsys, tmp_path, *argv):
+    code = main(["grpo", "--runs-dir", str(tmp_path / "runs"), *argv])
+    return code, capsys.readouterr().err
+
+
+def write_prompts(path, prompts):
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return str(path)
+
+
+def test_prompts_file_with_no_holdoutable_category(capsys, tmp_path):
+    # one scenario per category: no category can give a scenario to the holdout
+    prompts = write_prompts(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": "Refund ORD-1234", "scenario_id": "a"},
+            {"prompt": "Refund ORD-1234 now", "scenario_id": "a"},
+            {"prompt": "Tell me a joke", "scenario_id": "b"},
+        ],
+    )
+    code, err = run_grpo(capsys, tmp_path, "--prompts-file", prompts)
+    assert code == 2
+    assert "no category has two or more scenarios" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_holdout_empty_after_the_split(capsys, tmp_path):
+    code, err = run_grpo(capsys, tmp_path, "--prompts", "2", "--holdout", "0.01")
+    assert code == 2
+    assert "the holdout is empty" in err and "raise --holdout or --prompts" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_batch_not_divisible_by_generations(capsys, tmp_path):
+    code, err = run_grpo(capsys, tmp_path, "--num-generations", "8", "--batch-size", "20")
+    assert code == 2 and "not a multiple of --num-generations 8" in err
+
+
+def test_existing_run_name_is_refused_without_overwrite(capsys, tmp_path):
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "config.json").write_text("{}")
+    code, err = run_grpo(capsys, tmp_path, "--run-name", "taken")
+    assert code == 2
+    assert "run 'taken' already exists" in err and "--overwrite" in err
+    assert (tmp_path / "runs" / "taken" / "config.json").read_text() == "{}"
+
+
+def test_run_name_that_escapes_the_runs_folder(capsys, tmp_path):
+    code, err = run_grpo(capsys, tmp_path, "--run-name", "../outside")
+    assert code == 2 and "run name" in err
+    assert not (tmp_path / "outside").exists()
+
+
+def test_missing_from_run(capsys, tmp_path):
+    code, err = run_grpo(capsys, tmp_path, "--from-run", "nope", "--base-model", "starter-2m")
+    assert code == 2 and "no run 'nope'" in err

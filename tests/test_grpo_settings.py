@@ -1,0 +1,180 @@
+"""GRPO flags -> settings -> TRL config, and the settings refused before anything runs."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from posttrain.cli import build_parser
+from posttrain.commands.dataclass_args import settings_from_args
+from posttrain.errors import PosttrainError
+from posttrain.train.grpo import GRPOSettings, check_grpo_settings, grpo_config_kwargs
+from posttrain.train.settings import default_learning_rate
+
+
+def parse(*argv) -> GRPOSettings:
+    args = build_parser().parse_args(["grpo", *argv])
+    return settings_from_args(GRPOSettings, args)
+
+
+def test_defaults_match_the_seed_knob_table():
+    settings = parse()
+    # the seed's table: steps 40, 8 generations, beta 0.04, bnpo, epsilon-high 0, 200 prompts,
+    # holdout 0.2, balance 0, seed 0, monitor every 10, run name refund-grpo-v1
+    assert (settings.steps, settings.num_generations, settings.beta) == (40, 8, 0.04)
+    assert (settings.loss_type, settings.epsilon_high) == ("bnpo", 0.0)
+    assert (settings.prompts, settings.holdout, settings.balance, settings.seed) == (
+        200,
+        0.2,
+        0.0,
+        0,
+    )
+    assert (settings.monitor_every, settings.run_name) == (10, "refund-grpo-v1")
+    assert settings.base_model == "starter"
+    assert (settings.eval_samples, settings.eval_repeats) == (4, 2)
+    assert not settings.no_scale_rewards and not settings.mask_truncated
+
+
+def test_every_flag_lands_in_the_settings_and_config():
+    settings = parse(
+        "--steps",
+        "7",
+        "--num-generations",
+        "4",
+        "--batch-size",
+        "12",
+        "--learning-rate",
+        "1e-4",
+        "--beta",
+        "0",
+        "--loss-type",
+        "dr_grpo",
+        "--epsilon-high",
+        "0.28",
+        "--no-scale-rewards",
+        "--mask-truncated",
+        "--monitor-every",
+        "3",
+        "--stop-on",
+        "feature,length",
+        "--prompts",
+        "50",
+        "--prompts-file",
+        "p.jsonl",
+        "--holdout",
+        "0.3",
+        "--balance",
+        "0.25",
+        "--run-name",
+        "x",
+        "--base-model",
+        "starter-2m",
+        "--seed",
+        "5",
+        "--eval-samples",
+        "2",
+        "--eval-repeats",
+        "3",
+        "--from-run",
+        "y",
+        "--overwrite",
+    )
+    config = settings.to_config()
+    expected = {
+        "steps": 7,
+        "num_generations": 4,
+        "batch_size": 12,
+        "learning_rate": 1e-4,
+        "beta": 0.0,
+        "loss_type": "dr_grpo",
+        "epsilon_high": 0.28,
+        "no_scale_rewards": True,
+        "mask_truncated": True,
+        "monitor_every": 3,
+        "stop_on": "feature,length",
+        "prompts": 50,
+        "prompts_file": "p.jsonl",
+        "holdout": 0.3,
+        "balance": 0.25,
+        "run_name": "x",
+        "base_model": "starter-2m",
+        "seed": 5,
+        "eval_samples": 2,
+        "eval_repeats": 3,
+        "from_run": "y",
+        "overwrite": True,
+    }
+    assert {key: config[key] for key in expected} == expected
+    assert set(config) == {f.name for f in dataclasses.fields(GRPOSettings)}
+
+
+def test_trl_config_mapping():
+    settings = parse(
+        "--no-scale-rewards", "--mask-truncated", "--epsilon-high", "0.28", "--beta", "0"
+    )
+    kwargs = grpo_config_kwargs(settings, 2e-3, "/tmp/out", "cpu")
+    assert kwargs["scale_rewards"] == "none"
+    assert kwargs["mask_truncated_completions"] is True
+    assert kwargs["epsilon_high"] == 0.28
+    assert kwargs["beta"] == 0.0
+    assert kwargs["per_device_train_batch_size"] == 16  # two prompts' groups of 8
+    assert kwargs["num_generations"] == 8
+    assert kwargs["learning_rate"] == 2e-3
+    # CPU-safe values set explicitly (TRL's defaults are bf16 and gradient checkpointing)
+    assert kwargs["use_cpu"] and not kwargs["bf16"] and not kwargs["gradient_checkpointing"]
+    assert kwargs["logging_steps"] == 1
+    plain = grpo_config_kwargs(parse(), 1e-3, "/tmp/out", "cuda")
+    assert plain["scale_rewards"] == "group" and plain["epsilon_high"] is None
+    assert plain["bf16"] and not plain["use_cpu"]
+
+
+def test_trl_accepts_the_mapped_config(tmp_path):
+    from trl import GRPOConfig
+
+    config = GRPOConfig(
+        **grpo_config_kwargs(parse("--loss-type", "dr_grpo"), 2e-3, str(tmp_path), "cpu")
+    )
+    assert config.loss_type == "dr_grpo" and config.beta == 0.04
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--num-generations", "8", "--batch-size", "12"), "not a multiple of --num-generations 8"),
+        (("--num-generations", "1"), "at least 2"),
+        (("--steps", "0"), "--steps must be at least 1"),
+        (("--stop-on", "feature,vibes"), "unknown alarm"),
+        (("--beta", "-1"), "--beta must be >= 0"),
+    ],
+)
+def test_impossible_settings_are_refused(argv, message):
+    with pytest.raises(PosttrainError, match=message):
+        check_grpo_settings(parse(*argv))
+
+
+def test_unknown_loss_type_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        parse("--loss-type", "ppo2")
+    assert "invalid choice: 'ppo2'" in capsys.readouterr().err
+
+
+def test_unknown_loss_type_refused_by_the_library_too():
+    settings = dataclasses.replace(GRPOSettings(), loss_type="ppo2")
+    with pytest.raises(PosttrainError, match="not a GRPO loss"):
+        check_grpo_settings(settings)
+
+
+@pytest.mark.parametrize(
+    "parameters, rate", [(2e6, 2e-3), (10e6, 2e-3), (135e6, 2e-4), (500e6, 2e-5), (1.5e9, 5e-6)]
+)
+def test_default_learning_rate_by_model_size(parameters, rate):
+    assert default_learning_rate(int(parameters)) == rate
+
+
+def test_help_documents_every_flag():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    grpo = subparsers.choices["grpo"]
+    flags = {option for action in grpo._actions for option in action.option_strings}
+    for field in dataclasses.fields(GRPOSettings):
+        assert "--" + field.name.replace("_", "-") in flags

