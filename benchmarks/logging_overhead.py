@@ -177,7 +177,9 @@ def markdown(times: dict[str, list[dict[str, float]]], command: str, load: str,
         "",
         f"Store and monitor together: {overhead:+.1%} of the bare run's wall time by "
         f"difference, {callback + monitor:.1%} inside the hooks; the target is "
-        f"{TARGET:.0%}.",
+        f"{TARGET:.0%}. On a machine shared with other jobs the difference of wall times "
+        "carries their noise (compare the walls per run); the time inside the hooks does "
+        "not, and is the number to trust.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "posttrain.commands.eval",
     "posttrain.commands.prompts",
     "posttrain.commands.grpo",
+    "posttrain.commands.ui",
     "posttrain.commands.model",
     "posttrain.commands.serve",
     "posttrain.commands.primitives_demo",
