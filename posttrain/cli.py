@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "posttrain.commands.eval",
     "posttrain.commands.prompts",
     "posttrain.commands.grpo",
+    "posttrain.commands.dpo",
+    "posttrain.commands.pairs",
     "posttrain.commands.ui",
     "posttrain.commands.model",
     "posttrain.commands.serve",

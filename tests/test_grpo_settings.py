@@ -33,6 +33,7 @@ def test_defaults_match_the_seed_knob_table():
     assert settings.base_model == "starter"
     assert (settings.eval_samples, settings.eval_repeats) == (4, 2)
     assert not settings.no_scale_rewards and not settings.mask_truncated
+    assert (settings.temperature, settings.top_p) == (0.8, 0.95)
 
 
 def test_every_flag_lands_in_the_settings_and_config():
@@ -117,7 +118,9 @@ def test_trl_config_mapping():
     assert kwargs["mask_truncated_completions"] is True
     assert kwargs["epsilon_high"] == 0.28
     assert kwargs["beta"] == 0.0
-    assert kwargs["per_device_train_batch_size"] == 16  # two prompts' groups of 8
+    assert kwargs["per_device_train_batch_size"] == 32  # four prompts' groups of 8
+    # rollouts sample like the evaluations
+    assert (kwargs["temperature"], kwargs["top_p"]) == (0.8, 0.95)
     assert kwargs["num_generations"] == 8
     assert kwargs["learning_rate"] == 2e-3
     # CPU-safe values set explicitly (TRL's defaults are bf16 and gradient checkpointing)
@@ -165,7 +168,7 @@ def test_unknown_loss_type_refused_by_the_library_too():
 
 
 @pytest.mark.parametrize(
-    "parameters, rate", [(2e6, 2e-3), (10e6, 2e-3), (135e6, 2e-4), (500e6, 2e-5), (1.5e9, 5e-6)]
+    "parameters, rate", [(2e6, 3e-4), (10e6, 3e-4), (135e6, 2e-4), (500e6, 2e-5), (1.5e9, 5e-6)]
 )
 def test_default_learning_rate_by_model_size(parameters, rate):
     assert default_learning_rate(int(parameters)) == rate

@@ -28,7 +28,8 @@ TINY = replace(
     name="starter-tiny",
     architecture=Architecture(hidden_size=64, num_layers=2, intermediate_size=128),
     corpus_situations=300,
-    sft_steps=6,
+    skill_steps=2,
+    mix_steps=2,
     warmup_steps=2,
 )
 
@@ -39,11 +40,16 @@ def test_unknown_starter_name_lists_the_choices():
 
 
 def test_the_cache_key_changes_with_any_recipe_field():
-    base = RECIPES["starter"]
+    base = recipe_for("starter")
     assert base.key() == replace(base).key()
-    assert base.key() != replace(base, sft_steps=base.sft_steps + 1).key()
+    assert base.key() != replace(base, mix_steps=base.mix_steps + 1).key()
     assert base.key() != replace(base, mix=replace(base.mix, with_id_ask=0.5)).key()
-    assert starter_folder("starter").name == f"starter-{base.key()}"
+    assert starter_folder("starter").name == f"{base.name}-{base.key()}"
+
+
+def test_starter_is_the_2m_model_for_now():
+    assert recipe_for("starter") is recipe_for("starter-2m")
+    assert starter_folder("starter") == starter_folder("starter-2m")
 
 
 def test_every_category_mix_sums_to_one():
@@ -100,8 +106,11 @@ def test_tool_tags_are_single_tokens_that_survive_decoding(starter_2m):
         ids = tokenizer.encode(tag, add_special_tokens=False)
         assert len(ids) == 1
         assert tokenizer.decode(ids, skip_special_tokens=True) == tag
-    for digit in "0123456789":  # ids are copied digit by digit
-        assert len(tokenizer.encode(f"ORD-1{digit}", add_special_tokens=False)) >= 3
+    # ids split the same way wherever they appear: the prefix, then digit pairs
+    for text in ("Refund ORD-4017 now", '{"order_id": "ORD-4017"}'):
+        tokens = tokenizer.tokenize(text)
+        assert tokens[tokens.index("ORD-") :][:3] == ["ORD-", "40", "17"]
+    assert [t for t in tokenizer.tokenize("ord_20931?") if t.isdigit()] == ["20", "93", "1"]
 
 
 def test_chat_template_renders_chatml_with_the_generation_prompt(starter_2m):
@@ -122,3 +131,65 @@ def test_build_records_its_recipe_and_is_reused(starter_2m_folder):
     assert build["key"] == RECIPES["starter-2m"].key()
     assert sum(build["behaviour_counts"].values()) == build["dialogues"]
     assert build_starter("starter-2m", show_progress=False) == starter_2m_folder
+
+
+def _id_copy_rate(model, tokenizer, prompts) -> float:
+    """Share of with-id prompts whose order number the model copies (teacher-forced, greedy)."""
+    import torch
+
+    from posttrain.envs.refund import normalize_order_id
+
+    call = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "'
+    copied = 0
+    for prompt in prompts:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(chat + call + normalize_order_id(prompt), return_tensors="pt").input_ids
+        start = len(tokenizer(chat + call + "ORD-").input_ids)
+        with torch.no_grad():
+            predicted = model(ids).logits[0, start - 1 : -1].argmax(-1)
+        copied += bool((predicted == ids[0, start:]).all())
+    return copied / len(prompts)
+
+
+def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m):
+    from posttrain.data.simulate import simulate
+    from posttrain.policy.starter import new_model
+
+    prompts = [r["prompt"] for r in simulate(60, seed=0) if r["category"] == "with_id"][:20]
+    recipe = RECIPES["starter-2m"]
+    tokenizer = starter_2m.tokenizer
+    wired = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=True).eval()
+    plain = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=False).eval()
+    assert _id_copy_rate(wired, tokenizer, prompts) >= 0.7
+    assert _id_copy_rate(plain, tokenizer, prompts) <= 0.05
+
+
+def test_the_built_starter_2m_copies_most_order_ids(starter_2m):
+    from posttrain.data.simulate import simulate
+
+    prompts = [r["prompt"] for r in simulate(200, seed=0) if r["category"] == "with_id"][:30]
+    assert _id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts) >= 0.4
+
+
+def test_fresh_ids_keep_the_spelling_and_the_grading():
+    import random
+
+    from posttrain.policy.starter import with_fresh_id
+
+    rng = random.Random(3)
+    rows = [row for row in starter_dialogues(TINY) if row["category"] == "with_id"][:40]
+    for row in rows:
+        fresh = with_fresh_id(row, rng)
+        old_case, new_case = (
+            REFUND_ENV.case_for(row["prompt"]),
+            REFUND_ENV.case_for(fresh["prompt"]),
+        )
+        assert new_case["order_id"] != old_case["order_id"]
+        assert len(new_case["order_id"]) == len(old_case["order_id"])
+        # the same words around a new number, spelled the customer's way
+        prefix = row["prompt"].split(old_case["order_id"][4:])[0]
+        assert fresh["prompt"].startswith(prefix)
+        for field in ("reply", "right_reply"):
+            passed = REFUND_ENV.score(row[field], old_case) >= 1.0
+            assert (REFUND_ENV.score(fresh[field], new_case) >= 1.0) == passed

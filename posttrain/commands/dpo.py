@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.recipe_command import register_recipe_command
 from posttrain.train.dpo import DPOSettings, run_dpo
-from posttrain.train.settings import RecipeSettings
 
 DESCRIPTION = """\
 DPO on one testable rule, end to end: write the prompts (or read --prompts-file),
@@ -23,26 +22,11 @@ Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "dpo",
+    register_recipe_command(
+        subparsers,
+        name="dpo",
         help="train with DPO on preference pairs (LoRA, TRL) and report before/after",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        settings_class=DPOSettings,
+        run_recipe=run_dpo,
     )
-    own = tuple(
-        name
-        for name in DPOSettings.__dataclass_fields__
-        if name not in RecipeSettings.__dataclass_fields__ or name == "run_name"
-    )
-    add_dataclass_args(parser.add_argument_group("DPO"), DPOSettings, only=own)
-    add_dataclass_args(
-        parser.add_argument_group("model, data, evaluation and run"), DPOSettings, skip=own
-    )
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    summary = run_dpo(settings_from_args(DPOSettings, args))
-    if summary["status"] == "stopped" and summary.get("stop_reason") == "Ctrl-C":
-        return 130
-    return 0 if summary.get("ok", True) else 1

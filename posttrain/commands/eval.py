@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="evaluate an agent (pass@1 with intervals, by category) or compare two row files",
         description=(
             "Evaluate an agent on a prompt set: k seeded samples per prompt, pass@1 with a "
-            "95%% bootstrap interval over scenarios, and the table by category. With "
+            "95% bootstrap interval over scenarios, and the table by category. With "
             "--compare, print the paired delta between two graded row files instead."
         ),
     )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.recipe_command import register_recipe_command
 from posttrain.train.grpo import GRPOSettings, run_grpo
-from posttrain.train.settings import RecipeSettings
 
 DESCRIPTION = """\
 GRPO on one testable rule, end to end: write the prompts (or read --prompts-file),
@@ -19,26 +18,11 @@ adapter/, report.md, curves.png). Exit status: 0 done, 1 a guard fell, 130 Ctrl-
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "grpo",
+    register_recipe_command(
+        subparsers,
+        name="grpo",
         help="train with GRPO (LoRA, TRL) and report before/after with intervals",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        settings_class=GRPOSettings,
+        run_recipe=run_grpo,
     )
-    own = tuple(
-        name
-        for name in GRPOSettings.__dataclass_fields__
-        if name not in RecipeSettings.__dataclass_fields__ or name == "run_name"
-    )
-    add_dataclass_args(parser.add_argument_group("GRPO"), GRPOSettings, only=own)
-    add_dataclass_args(
-        parser.add_argument_group("model, data, evaluation and run"), GRPOSettings, skip=own
-    )
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    summary = run_grpo(settings_from_args(GRPOSettings, args))
-    if summary["status"] == "stopped" and summary.get("stop_reason") == "Ctrl-C":
-        return 130
-    return 0 if summary.get("ok", True) else 1

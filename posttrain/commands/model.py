@@ -136,8 +136,9 @@ def run_info(args: argparse.Namespace) -> int:
         arch = recipe["architecture"]
         print(
             f"  recipe:        key {recipe['key']}, hidden {arch['hidden_size']}, "
-            f"{arch['num_layers']} layers, {recipe['sft_steps']} SFT steps at lr "
-            f"{recipe['learning_rate']}, data seed {recipe['data_seed']}"
+            f"{arch['num_layers']} layers; steps: "
+            f"skill {recipe['skill_steps']}, mix {recipe['mix_steps']}, lr "
+            f"{recipe['learning_rate']}; data seed {recipe['data_seed']}"
         )
         mix = ", ".join(f"{k} {v}" for k, v in recipe["mix"].items())
         print(f"  behaviour mix: {mix}")

@@ -34,13 +34,17 @@ class ServeSettings:
     )
     state_dir: str | None = field(
         default=None,
-        metadata={"help": "folder for run records, saved states and exports "
-                          "(default ~/.cache/posttrain/service)"},
+        metadata={
+            "help": "folder for run records, saved states and exports "
+            "(default ~/.cache/posttrain/service)"
+        },
     )
     torch_threads: int | None = field(
         default=None,
-        metadata={"help": "torch intra-op threads (default: torch's choice; 1 is steadier on "
-                          "a busy machine with few cores)"},
+        metadata={
+            "help": "torch intra-op threads (default: torch's choice; 1 is steadier on "
+            "a busy machine with few cores)"
+        },
     )
     quiet: bool = field(default=False, metadata={"help": "do not log each request"})
 

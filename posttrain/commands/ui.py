@@ -31,17 +31,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--runs-dir", default=None,
-                        help="folder holding posttrain.db and the run folders "
-                             "($POSTTRAIN_RUNS or ./runs)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on; anything but a loopback address needs "
-                             "--token (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8765,
-                        help="port to listen on; 0 picks a free one (default: 8765)")
-    parser.add_argument("--token", default=None,
-                        help=f"bearer token that POST /api/ingest must carry "
-                             f"(default: ${TOKEN_ENV})")
+    parser.add_argument(
+        "--runs-dir",
+        default=None,
+        help="folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; anything but a loopback address needs "
+        "--token (default: 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        help="port to listen on; 0 picks a free one (default: 8765)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token that POST /api/ingest must carry (default: ${TOKEN_ENV})",
+    )
     parser.set_defaults(func=run)
 
 
@@ -63,6 +74,7 @@ def dashboard_url(host: str, port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from posttrain.ui.announce import announce_dashboard
     from posttrain.ui.app import dashboard_server
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
@@ -85,10 +97,15 @@ def run(args: argparse.Namespace) -> int:
     url = dashboard_url(args.host, port)
     print(f"posttrain ui: serving {store_path} at {url}  (Ctrl-C to stop)", flush=True)
     if token:
-        print(f"  training elsewhere: POSTTRAIN_SERVER={url.rstrip('/')} "
-              f"{TOKEN_ENV}=<the token> posttrain grpo ...", flush=True)
+        print(
+            f"  training elsewhere: POSTTRAIN_SERVER={url.rstrip('/')} "
+            f"{TOKEN_ENV}=<the token> posttrain grpo ...",
+            flush=True,
+        )
     try:
-        server.serve_forever(poll_interval=0.5)
+        # recipes started on this runs folder print their run page's URL
+        with announce_dashboard(store_path.parent, url):
+            server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         print("posttrain ui: stopped", flush=True)
     finally:

@@ -7,30 +7,36 @@ here, on first use, from nothing but the template simulator:
    customer prompts; each gets one assistant reply drawn from ``BehaviourMix``
    (per category: the right move, or one of the typical mistakes). This mix is
    what makes the base policy *partial*: on with-id prompts it sometimes looks
-   the order up, sometimes garbles the id, asks for the id again, or refunds
-   first. A fully converged warm start leaves GRPO nothing to learn (all samples
-   of a group agree, advantages are zero); a mixed one leaves the choice of move
-   for GRPO to climb (spike section 3).
+   the order up, sometimes asks for the id again, or refunds first. A fully
+   converged warm start leaves GRPO nothing to learn (all samples of a group
+   agree, advantages are zero); a mixed one leaves the choice of move for GRPO
+   to climb (spike section 3).
 2. **Tokenizer.** Byte-level BPE trained with ``tokenizers`` on those dialogues
-   rendered in ChatML. Merges may cross words but not lines, and digits are
-   split one per token (copying an order id is a copy of single digits). The
-   template world is small, so the vocabulary fills with phrases and a whole
-   dialogue is ~55 tokens. ``<tool_call>``/``</tool_call>`` are added as
-   *non-special* tokens so ``skip_special_tokens`` never strips them.
+   rendered in ChatML. Merges may cross words but not lines; an id's prefix
+   (``ORD-``, ``ord_`` ...) is its own token and its number splits into pairs of
+   digits from the left, the same way in a prompt and in a tool call. The
+   template world is small, so the vocabulary fills with phrases (the whole
+   system prompt is a handful of tokens). ``<tool_call>``/``</tool_call>`` are
+   added as *non-special* tokens so ``skip_special_tokens`` never strips them.
 3. **Model.** The Qwen2 decoder shape (RMSNorm, rotary positions, SwiGLU,
    grouped-query attention, tied embeddings) initialised from ``recipe.seed`` and
-   saved as a transformers ``llama`` model (see ``new_model`` for why).
+   saved as a transformers ``llama`` model (see ``new_model`` for why), with an
+   order-id copying circuit wired into its first two layers (``wire_copy_circuit``:
+   a few-minute warm start cannot teach a model this small to copy).
 4. **Supervised warm start.** A plain torch loop (AdamW, linear warm-up then
-   cosine to zero, loss on the reply tokens and the closing ``<|im_end|>`` only).
-   A plain loop was chosen over TRL's SFTTrainer: fewer moving parts, no dataset
-   conversion, bit-for-bit repeatable on one machine.
+   cosine to zero, loss on the reply tokens and the closing ``<|im_end|>`` only):
+   first the right move only, then the behaviour mix; every with-id dialogue gets
+   a fresh random order number each time it is drawn, so ids are copied, never
+   remembered. A plain loop was chosen over TRL's SFTTrainer: fewer moving parts,
+   no dataset conversion, bit-for-bit repeatable.
 
 The result is cached under ``<models folder>/starter/<name>-<recipe key>/``; the
 key is a SHA-256 of the whole recipe plus ``STARTER_CODE_VERSION`` (bump it when
 the build code changes what it produces). Builds are atomic (a temp folder,
 then a rename), so an interrupted build never leaves a half model behind.
-Training on 2 CPU threads is deterministic: the same recipe on the same machine
-gives the same tokenizer and the same weights, byte for byte.
+The build always runs torch on ``BUILD_THREADS`` threads, whatever the machine
+has, so the same recipe gives the same tokenizer and the same weights, byte for
+byte (a different split of a sum would round differently).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 import sys
 import time
@@ -49,13 +56,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.simulate import simulate
+from posttrain.data.simulate import ID_SPELLINGS, simulate
 from posttrain.envs.refund import SYSTEM, normalize_order_id
 from posttrain.errors import PosttrainError
 from posttrain.progress import progress_bar
 
+# torch threads of every build. Two halves the 10M build here (measured 0.52 s a
+# step against 0.92 on one thread, 2-core x86_64); a 1-core machine still gets
+# the same weights, just more slowly.
+BUILD_THREADS = 2
+
 # Bump when a change to this module changes what a recipe builds.
-STARTER_CODE_VERSION = 1
+STARTER_CODE_VERSION = 4
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -66,6 +78,7 @@ CHATML_TEMPLATE = (
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
 ID_PREFIX = r"[A-Za-z]+[-_ ]?(?=[0-9])"  # letters (and one separator) right before a number
+DIGIT_CHUNK = r"[0-9]{1,2}"  # numbers split into pairs of digits from the left
 
 ASK_FOR_ID = (
     "Could you tell me your order number?",
@@ -105,9 +118,9 @@ class BehaviourMix:
     lookup with a made-up id). off-topic: ``short`` reply (pass) or ``invent``.
     """
 
-    with_id_lookup: float = 0.30
-    with_id_wrong_id: float = 0.15
-    with_id_ask: float = 0.35
+    with_id_lookup: float = 0.50
+    with_id_wrong_id: float = 0.0
+    with_id_ask: float = 0.30
     with_id_refund_first: float = 0.20
     no_id_ask: float = 0.92
     no_id_invent: float = 0.08
@@ -135,14 +148,23 @@ class StarterRecipe:
     data_seed: int = 7919  # not 0: the evaluation's default prompt set is simulate(seed=0)
     corpus_situations: int = 4000
     vocab_size: int = 1024
-    max_token_length: int | None = None  # longest token in characters (None: no limit)
-    sft_steps: int = 300
-    skill_share: float = 0.0  # first share of the SFT steps: the right move only
+    skill_steps: int = 200  # phase 1: dialogues answered with the right move only
+    mix_steps: int = 100  # phase 2: dialogues answered from the behaviour mix
+    fresh_ids: bool = True  # a new random order number each time a dialogue is drawn
+    copy_circuit: bool = True  # an order-id copying circuit wired at init (wire_copy_circuit)
+    freeze_circuit: bool = True  # keep layers 0-1 attention fixed during the warm start
+    circuit_match: float = 3.0  # sharpness of the copy head's match (wire_copy_circuit)
+    circuit_quiet: float = 1.0  # scale of layers 0-1's other random branches at init
     batch_size: int = 16
-    learning_rate: float = 1e-3
+    learning_rate: float = 2e-3
     warmup_steps: int = 20
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # must stay 0 while freeze_circuit holds weights by zero grads
     max_grad_norm: float = 1.0
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps over both phases (one learning-rate schedule)."""
+        return self.skill_steps + self.mix_steps
 
     def key(self) -> str:
         """12 hex digits of SHA-256 over the recipe and the build-code version."""
@@ -153,20 +175,35 @@ class StarterRecipe:
 
 
 RECIPES: dict[str, StarterRecipe] = {
-    "starter": StarterRecipe(),
     "starter-2m": StarterRecipe(
         name="starter-2m",
         architecture=Architecture(hidden_size=128, num_layers=6, intermediate_size=512),
-        sft_steps=200,
-        learning_rate=2e-3,
+        skill_steps=230,
+        # 71, not 70: the warm start is sensitive to small changes. Of four builds
+        # differing in one step or one circuit constant, two kept the copy (35/60
+        # ids) and two lost it and mixed up the categories; 70 is one that lost
+        # it. tests/test_starter.py checks the built model's copy rate.
+        mix_steps=71,
+        learning_rate=3e-3,
     ),
 }
 
 
+# ``starter`` is, for now, the 2M model. A ~10M shape (hidden 256, 9 layers) was
+# built with the same copy circuit and warm start in eight variants (learning rate
+# 7e-4 to 2e-3, the circuit's branches at full, 0.5, 0.3 and 0.1 scale, the match
+# head in layer 1 or last): none kept the copy (at most 3 of 60 ids, greedy) and
+# most also mixed up the categories (no-id tool-call rate ~0.45). The 2M shape
+# keeps it (35 of 60) and looks like the seeds' base policy, so it is the default.
+STARTER_ALIASES: dict[str, str] = {"starter": "starter-2m"}
+
+
 def recipe_for(name: str) -> StarterRecipe:
     """The shipped recipe of a starter name; PosttrainError naming the choices otherwise."""
+    name = STARTER_ALIASES.get(name, name)
     if name not in RECIPES:
-        raise PosttrainError(f"unknown starter model {name!r}; choose one of {', '.join(RECIPES)}")
+        choices = ", ".join([*STARTER_ALIASES, *RECIPES])
+        raise PosttrainError(f"unknown starter model {name!r}; choose one of {choices}")
     return RECIPES[name]
 
 
@@ -254,7 +291,7 @@ def render_chatml(system: str, prompt: str, reply: str) -> str:
 # ---------------------------------------------------------------- tokenizer and model
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, max_token_length: int | None = None) -> Any:
+def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` with the ChatML template.
 
     Digits are pre-split one per token. The vocabulary can stop below
@@ -283,7 +320,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_token_length: int | N
         [
             pre_tokenizers.Split("\n", behavior="merged_with_previous"),
             pre_tokenizers.Split(Regex(ID_PREFIX), behavior="isolated"),
-            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Split(Regex(DIGIT_CHUNK), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -295,9 +332,11 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_token_length: int | N
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-        max_token_length=max_token_length,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    # every two-digit number, often enough that all 100 pairs become tokens and
+    # every id splits the same way ("4017" -> "40" "17", "20931" -> "20" "93" "1")
+    digit_pairs = " ".join(f"{n:02d}" for n in range(100))
+    tokenizer.train_from_iterator([*texts, *[digit_pairs] * 1000], trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=None,
@@ -311,7 +350,15 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_token_length: int | N
     return wrapped
 
 
-def new_model(tokenizer: Any, architecture: Architecture, seed: int) -> Any:
+def new_model(
+    tokenizer: Any,
+    architecture: Architecture,
+    seed: int,
+    copy_circuit: bool = False,
+    *,
+    match: float = 3.0,
+    quiet: float = 1.0,
+) -> Any:
     """A freshly initialised decoder sized for ``tokenizer`` (see the note on the architecture).
 
     It is the Qwen2 decoder (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
@@ -337,7 +384,7 @@ def new_model(tokenizer: Any, architecture: Architecture, seed: int) -> Any:
         max_position_embeddings=architecture.max_positions,
         tie_word_embeddings=True,
         rope_theta=10000.0,
-        attention_bias=False,
+        attention_bias=copy_circuit,  # layer 0 position head uses biases
         bos_token_id=None,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -347,7 +394,153 @@ def new_model(tokenizer: Any, architecture: Architecture, seed: int) -> Any:
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = None
+    if copy_circuit:
+        sink_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        wire_copy_circuit(model, seed, *id_token_ids(tokenizer), sink_id, match=match, quiet=quiet)
     return model
+
+
+def id_token_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """(digit-chunk token ids, order-id prefix token ids) of a starter tokenizer.
+
+    The prefixes are the tokens right before the number in each way a customer
+    spells an order id (``ORD-``, ``ord_``, ``#ORD-`` ...), read off the tokenizer.
+    """
+    digits = sorted(i for token, i in tokenizer.get_vocab().items() if token.isdigit())
+    prefixes = set()
+    for spelling in ID_SPELLINGS:
+        ids = tokenizer.encode(spelling.format(n=4017), add_special_tokens=False)
+        first_digit = next(k for k, i in enumerate(ids) if i in set(digits))
+        prefixes.add(ids[first_digit - 1])
+    return digits, sorted(prefixes)
+
+
+def wire_copy_circuit(
+    model: Any,
+    seed: int,
+    digit_ids: list[int],
+    prefix_ids: list[int],
+    sink_id: int,
+    *,
+    sharpness: float = 60.0,
+    match: float = 3.0,
+    copy: float = 8.0,
+    sink: float = 8.0,
+    max_turn: float = 0.015,
+    match_pairs: int = 12,
+    quiet: float = 1.0,
+) -> None:
+    """Wire an order-id copying circuit into head 0 of layers 0 and 1 at initialisation.
+
+    Why: passing a with-id prompt means copying the customer's order number into
+    the tool call. A model this small, trained for the few hundred steps a
+    5-minute build allows, does not find a copying circuit by itself (measured
+    on starter-2m: a greedy copy rate of 0/60 after 300 steps, 6/60 after 900
+    steps, with or without a phase of copy-only training). A generic copy circuit
+    wired by hand does not survive the warm start either: it copies every token,
+    the loss pays for undoing that, and the embeddings move until it is gone. So
+    this circuit copies digits only, and training only tunes the model around it.
+
+    The layout of the hidden space (a random orthonormal basis): ``C``, one
+    head-width slice where the digit-chunk tokens (and the id prefixes, which all
+    share one direction so ``ord_`` matches ``ORD-``) have their embeddings; ``B``,
+    where layer 0 writes "the previous token's C content"; the rest for every
+    other token.
+
+    - layer 0, head 0 attends one token back: zero query/key weights, constant
+      biases, so the rotary score ``sum_j a^2 cos(theta_j (d - 1))`` over the
+      fastest frequencies peaks at distance 1 (``sharpness`` 60: 0.99 of the
+      weight). It writes ``C^T x`` of the previous token into ``B``.
+    - layer 1, head 0 matches and copies: the query reads the current token's
+      ``C`` content, the key the previous-token slot ``B``, both on slow rotary
+      dimensions so the match favours the nearest occurrence; the value
+      ``C^T x`` is written back into ``C``. After ``ORD-`` in a tool call it
+      attends to the token after the prefix in the prompt (the first digit chunk)
+      and raises that chunk's logit through the tied embedding; after a chunk,
+      the chunk that followed it. On any other token the query has no digit
+      content and the head rests on ``<|im_start|>`` (an attention sink: every
+      query scores ``sink`` nats on it), whose value is empty.
+
+    The weights stay ordinary parameters of a standard decoder. Layers 0 and 1's
+    attention is held fixed during the warm start (``supervised_warm_start``).
+    """
+    import torch
+
+    config = model.config
+    hidden = config.hidden_size
+    head_dim = hidden // config.num_attention_heads
+    half = head_dim // 2
+    rope_base = config.rope_parameters["rope_theta"]
+    theta = rope_base ** (-torch.arange(half, dtype=torch.float32) * 2 / head_dim)
+    generator = torch.Generator().manual_seed(seed + 3)
+    basis, _ = torch.linalg.qr(torch.randn(hidden, hidden, generator=generator))
+    copy_slice, previous_slot = basis[:, :head_dim], basis[:, head_dim : 2 * head_dim]
+    rest = basis[:, 2 * head_dim :]
+    # rotary pairs used by the position head (the fastest) and by the match: slow
+    # ones, at most 0.015 rad a token, so a match 30 tokens back scores ~0.9 of one
+    # next door and one 80 back ~0.4. That recency is what makes the copy take
+    # the customer's id rather than the example id (ORD-4017) in the system prompt.
+    fast = min(8, half // 2)
+    slow_pairs = [j for j in range(fast, half) if theta[j] <= max_turn][:match_pairs]
+    slow = len(slow_pairs)
+    amplitude = math.sqrt(sharpness * math.sqrt(head_dim) / fast)
+    slow_dims = [*slow_pairs, *(half + j for j in slow_pairs)]
+    squeeze = torch.randn(2 * slow, head_dim, generator=generator) / math.sqrt(head_dim)
+    embeddings = model.model.embed_tokens.weight
+    with torch.no_grad():
+        scale = embeddings.std().item() * math.sqrt(hidden)  # a typical embedding's norm
+        embeddings.copy_((embeddings @ rest) @ rest.T)
+        embeddings.mul_(scale / embeddings.norm(dim=1, keepdim=True).clamp_min(1e-12))  # pad row: 0
+        directions = torch.randn(len(digit_ids) + 1, head_dim, generator=generator)
+        directions = directions / directions.norm(dim=1, keepdim=True)
+        embeddings[digit_ids] = scale * directions[:-1] @ copy_slice.T
+        embeddings[prefix_ids] = scale * directions[-1:] @ copy_slice.T
+        sink_direction = rest[:, 0]
+        embeddings[sink_id] = scale * sink_direction
+        position = model.model.layers[0].self_attn
+        query, key = torch.zeros(head_dim), torch.zeros(head_dim)
+        query[:fast] = amplitude
+        key[:fast] = amplitude * torch.cos(theta[:fast])
+        key[half : half + fast] = amplitude * torch.sin(theta[:fast])
+        position.q_proj.weight[:head_dim] = 0.0
+        position.q_proj.bias[:head_dim] = query
+        position.k_proj.weight[:head_dim] = 0.0
+        position.k_proj.bias[:head_dim] = key
+        position.v_proj.weight[:head_dim] = copy_slice.T
+        # heads 0 and 1 share key/value head 0 (grouped-query attention): head 1's
+        # output starts at zero in both layers so it cannot blur the circuit
+        position.o_proj.weight[:, : 2 * head_dim] = 0.0
+        position.o_proj.weight[:, :head_dim] = previous_slot * (scale / math.sqrt(hidden))
+        matcher = model.model.layers[1].self_attn
+        reads_token, reads_previous = torch.zeros(head_dim, hidden), torch.zeros(head_dim, hidden)
+        reads_token[slow_dims] = match * squeeze @ copy_slice.T
+        reads_previous[slow_dims] = match * squeeze @ previous_slot.T
+        # the sink: a constant query part that only the sink token's key answers
+        sink_query = torch.zeros(head_dim)
+        sink_query[slow_dims] = 1.0 / math.sqrt(2 * slow)
+        # (the normed sink embedding is sqrt(hidden) * sink_direction)
+        sink_key = sink * math.sqrt(head_dim) / math.sqrt(hidden)
+        reads_previous += sink_key * torch.outer(sink_query, sink_direction)
+        matcher.q_proj.weight[:head_dim] = reads_token
+        matcher.q_proj.bias[:head_dim] = sink_query
+        matcher.k_proj.weight[:head_dim] = reads_previous
+        matcher.v_proj.weight[:head_dim] = copy_slice.T
+        matcher.o_proj.weight[:, : 2 * head_dim] = 0.0
+        matcher.o_proj.weight[:, :head_dim] = copy * copy_slice
+        # ``quiet`` scales everything else in layers 0 and 1: their random output
+        # blurs the previous-token slot (on the 10M shape at initialisation, 0.53 of
+        # ids copied at full size, 0.78 at 0.3, 1.0 at 0.1; the 2M shape copies
+        # 0.85 at full size)
+        for layer in model.model.layers[:2]:
+            layer.self_attn.o_proj.weight[:, 2 * head_dim :] *= quiet
+            layer.mlp.down_proj.weight.mul_(quiet)
+        for attention in (position, matcher):
+            for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+                projection.bias[head_dim:] = 0.0
+            attention.o_proj.bias.zero_()
+        for projection in (matcher.k_proj, matcher.v_proj):
+            projection.bias[:head_dim] = 0.0
+        position.v_proj.bias[:head_dim] = 0.0
 
 
 # ---------------------------------------------------------------- supervised warm start
@@ -374,12 +567,50 @@ def _encode_rows(
     return encoded
 
 
+_SPELLED_ID = re.compile(r"(\bORD[-_ ]?)(\d{3,6})\b", re.IGNORECASE)
+
+
+def with_fresh_id(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``row`` with its order number replaced by a new random one, in prompt and replies.
+
+    The customer's spelling (``ord_991``, ``#ORD-991`` ...) is kept. 4,000
+    situations hold only a few thousand ids; drawn afresh, no id repeats, so the
+    only way to lower the loss on the id is to copy it from the prompt rather
+    than to remember which id goes with which sentence.
+    """
+    match = _SPELLED_ID.search(row["prompt"])
+    if match is None:
+        return row
+    old = match.group(2)
+    new = str(rng.randrange(10 ** (len(old) - 1), 10 ** len(old)))
+    fresh = dict(row)
+    fresh["prompt"] = row["prompt"][: match.start(2)] + new + row["prompt"][match.end(2) :]
+    for name in ("reply", "right_reply"):
+        fresh[name] = row[name].replace(f"ORD-{old}", f"ORD-{new}")
+    return fresh
+
+
 def _learning_rate(step: int, recipe: StarterRecipe) -> float:
-    """Linear warm-up to ``learning_rate``, then cosine to zero at ``sft_steps``."""
+    """Linear warm-up to ``learning_rate``, then cosine to zero at the last step."""
     if step < recipe.warmup_steps:
         return recipe.learning_rate * (step + 1) / recipe.warmup_steps
-    progress = (step - recipe.warmup_steps) / max(1, recipe.sft_steps - recipe.warmup_steps)
+    progress = (step - recipe.warmup_steps) / max(1, recipe.total_steps - recipe.warmup_steps)
     return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[Any, Any, Any]:
+    """Right-padded ``(input_ids, labels, attention_mask)``; labels only after the prompt."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (ids, prompt_length) in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
+        attention[row, : len(ids)] = 1
+    return input_ids, labels, attention
 
 
 def supervised_warm_start(
@@ -389,18 +620,30 @@ def supervised_warm_start(
     recipe: StarterRecipe,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` in place for ``recipe.sft_steps`` steps; returns the loss per step.
+    """Train ``model`` in place through both phases; returns the loss per step.
 
-    Batches are drawn by a seeded shuffle over epochs; padding is on the right and
-    the loss covers only reply tokens (prompt and padding are labelled -100).
+    Phase 1 (``skill_steps``): dialogues answered with the right move. Phase 2
+    (``mix_steps``): dialogues answered from the behaviour mix. One AdamW
+    optimizer and one learning-rate schedule span both. Dialogues are drawn by a
+    seeded shuffle over epochs (with ``fresh_ids``, each draw gets a new order
+    number); the loss covers only reply tokens. With ``copy_circuit`` and
+    ``freeze_circuit``, layers 0 and 1's attention is not trained here.
     """
     import torch
 
-    skill_steps = round(recipe.skill_share * recipe.sft_steps)
-    right = _encode_rows(tokenizer, rows, "right_reply") if skill_steps else []
-    mixed = _encode_rows(tokenizer, rows, "reply")
-    pad_id = tokenizer.pad_token_id
-    order_rng = random.Random(recipe.seed)
+    right = _encode_rows(tokenizer, rows, "right_reply") if not recipe.fresh_ids else []
+    mixed = _encode_rows(tokenizer, rows, "reply") if not recipe.fresh_ids else []
+    order_rng, id_rng = random.Random(recipe.seed), random.Random(recipe.seed + 2)
+    hooks = []
+    if recipe.copy_circuit and recipe.freeze_circuit:
+        # trained, the wired heads drift within the first steps (measured: layer 0's
+        # weight one token back fell from 0.99 to 0.53 in 300 steps). Layers 0 and
+        # 1's attention get a zero gradient; with no weight decay AdamW then leaves
+        # them exactly as they are. (Holding only the wired heads and training the
+        # others beside them was tried: the copying was lost, 0/60 ids.)
+        for layer in model.model.layers[:2]:
+            for parameter in layer.self_attn.parameters():
+                hooks.append(parameter.register_hook(torch.zeros_like))
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=recipe.learning_rate,
@@ -410,22 +653,20 @@ def supervised_warm_start(
     model.train()
     queue: list[int] = []
     losses = []
-    for step in range(recipe.sft_steps):
+    for step in range(recipe.total_steps):
         if len(queue) < recipe.batch_size:
             epoch = list(range(len(rows)))
             order_rng.shuffle(epoch)
             queue.extend(epoch)
-        source = right if step < skill_steps else mixed
-        batch = [source[i] for i in queue[: recipe.batch_size]]
+        skill = step < recipe.skill_steps
+        picked = queue[: recipe.batch_size]
         del queue[: recipe.batch_size]
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (ids, prompt_length) in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
-            attention[row, : len(ids)] = 1
+        if recipe.fresh_ids:
+            fresh = [with_fresh_id(rows[i], id_rng) for i in picked]
+            batch = _encode_rows(tokenizer, fresh, "right_reply" if skill else "reply")
+        else:
+            batch = [(right if skill else mixed)[i] for i in picked]
+        input_ids, labels, attention = _collate(batch, tokenizer.pad_token_id)
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(step, recipe)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
@@ -436,6 +677,8 @@ def supervised_warm_start(
         losses.append(loss.item())
         if on_step is not None:
             on_step(step + 1, losses[-1])
+    for hook in hooks:
+        hook.remove()
     model.eval()
     return losses
 
@@ -500,18 +743,17 @@ def _build_lock(folder: Path) -> Iterator[None]:
 def _build(recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool) -> Path:
     import torch
 
-    # One thread: the weights then do not depend on the machine's core count (a
-    # different split of a sum rounds differently), and a build sharing busy cores
-    # with other work does not stall in thread barriers.
+    # A fixed thread count: the weights then do not depend on the machine's core
+    # count (a different split of a sum rounds differently).
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(BUILD_THREADS)
     try:
-        return _build_single_threaded(recipe, folder, force, show_progress)
+        return _build_on_fixed_threads(recipe, folder, force, show_progress)
     finally:
         torch.set_num_threads(threads)
 
 
-def _build_single_threaded(
+def _build_on_fixed_threads(
     recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool
 ) -> Path:
     import torch
@@ -519,10 +761,17 @@ def _build_single_threaded(
     started = time.monotonic()
     rows = starter_dialogues(recipe)
     texts = [render_chatml(SYSTEM, row["prompt"], row["reply"]) for row in rows]
-    tokenizer = train_tokenizer(texts, recipe.vocab_size, recipe.max_token_length)
-    model = new_model(tokenizer, recipe.architecture, recipe.seed)
+    tokenizer = train_tokenizer(texts, recipe.vocab_size)
+    model = new_model(
+        tokenizer,
+        recipe.architecture,
+        recipe.seed,
+        recipe.copy_circuit,
+        match=recipe.circuit_match,
+        quiet=recipe.circuit_quiet,
+    )
     tokenizer_seconds = time.monotonic() - started
-    with progress_bar(f"building {recipe.name}", recipe.sft_steps, enabled=show_progress) as bar:
+    with progress_bar(f"building {recipe.name}", recipe.total_steps, enabled=show_progress) as bar:
         losses = supervised_warm_start(model, tokenizer, rows, recipe, lambda step, _: bar(step))
     counts: dict[str, int] = {}
     for row in rows:

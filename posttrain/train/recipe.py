@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from posttrain.data.prepare import PreparedData, prepare_data
@@ -137,7 +138,8 @@ def run_recipe(
     }
     folder.write_json("config.json", config)
     run = open_run(settings.run_name, config, run_dir=folder.path, runs_root=root)
-    where = f"  dashboard: {run.url}" if getattr(run, "url", None) else ""
+    page = getattr(run, "url", None) or _local_run_page(root, settings.run_name)
+    where = f"  dashboard: {page}" if page else ""
     say(f"posttrain {recipe}: run {settings.run_name} -> {folder.path}{where}")
     say(data.describe())
     say(
@@ -189,3 +191,11 @@ def run_recipe(
         summary = finish_summary(context, summary, before, after, outcome, timings)
         run.finish(summary, status=summary["status"])
     return summary
+
+
+def _local_run_page(runs_root: Path, name: str) -> str | None:
+    """The run's page on a ``posttrain ui`` serving this runs folder, if one is running."""
+    from posttrain.ui.announce import local_dashboard_url
+
+    url = local_dashboard_url(runs_root)
+    return f"{url}runs/{name}" if url else None

@@ -14,10 +14,11 @@ from typing import Any
 from posttrain.data.prepare import DataConfig
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
-# is for a 1.5B model; the ~10M starter learns nothing visible at that rate in 40 steps
-# (measured in reference/spike.md: 2e-3 moves it; 1e-6 does not).
+# is for a 1.5B model; the tiny starter learns nothing visible at that rate in 40 steps
+# (reference/spike.md). On the 1.6M starter, GRPO at 2e-3 and 1e-3 collapsed the policy
+# (KL above 5 by step 10, with-id pass@1 0.23 -> 0.00); 3e-4 moved it (docs/recipes/grpo.md).
 LEARNING_RATE_BY_SIZE = (
-    (50e6, 2e-3),
+    (50e6, 3e-4),
     (300e6, 2e-4),
     (1e9, 2e-5),
 )
@@ -46,7 +47,7 @@ class RecipeSettings:
     learning_rate: float | None = field(
         default=None,
         metadata={
-            "help": "LoRA learning rate; default by model size: 2e-3 up to 50M parameters, "
+            "help": "LoRA learning rate; default by model size: 3e-4 up to 50M parameters, "
             "2e-4 up to 300M, 2e-5 up to 1B, 5e-6 above"
         },
     )

@@ -1,0 +1,54 @@
+"""What ``posttrain grpo`` and ``posttrain dpo`` share: their parser layout and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.train.settings import RecipeSettings
+
+
+def register_recipe_command(
+    subparsers: argparse._SubParsersAction,
+    *,
+    name: str,
+    help: str,
+    description: str,
+    settings_class: type,
+    run_recipe: Callable[[Any], dict[str, Any]],
+) -> None:
+    """Add ``posttrain NAME``: the recipe's own flags first, then the shared ones.
+
+    Flags come from the settings dataclass's field metadata, so ``--help``, the
+    parser and ``config.json`` cannot drift apart.
+    """
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    own = tuple(
+        field
+        for field in settings_class.__dataclass_fields__
+        if field not in RecipeSettings.__dataclass_fields__ or field == "run_name"
+    )
+    add_dataclass_args(parser.add_argument_group(name.upper()), settings_class, only=own)
+    add_dataclass_args(
+        parser.add_argument_group("model, data, evaluation and run"), settings_class, skip=own
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        summary = run_recipe(settings_from_args(settings_class, args))
+        return recipe_exit_code(summary)
+
+    parser.set_defaults(func=run)
+
+
+def recipe_exit_code(summary: dict[str, Any]) -> int:
+    """0 done, 1 a guard fell, 130 stopped by Ctrl-C (a stop on an alarm is 0)."""
+    if summary["status"] == "stopped" and summary.get("stop_reason") == "Ctrl-C":
+        return 130
+    return 0 if summary.get("ok", True) else 1
