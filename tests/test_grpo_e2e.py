@@ -60,7 +60,7 @@ def test_every_flag_is_in_config(finished_run):
     config = json.loads((finished_run / "config.json").read_text())
     assert config["settings"]["steps"] == 3 and config["settings"]["num_generations"] == 4
     assert config["settings"]["base_model"] == "starter-2m"
-    assert config["resolved"]["learning_rate"] == 2e-3
+    assert config["resolved"]["learning_rate"] == 3e-4
     assert {"torch", "transformers", "trl", "peft"} <= set(config["versions"])
 
 

@@ -66,11 +66,12 @@ def test_logprobs_match_a_forward_pass_over_the_same_tokens(starter_2m, completi
 
 def test_a_tool_call_stops_right_after_its_closing_tag(starter_2m):
     sampler = Sampler(starter_2m)
-    with_id = [REFUND_ENV.messages_for("Refund ORD-4017 please.")] * 16
+    prompt = "I was charged twice for ORD-5532. Please refund one of the payments."
+    with_id = [REFUND_ENV.messages_for(prompt)] * 16
     calls = [
         c for c in sampler.sample(with_id, list(range(16)), EVAL) if c.stop_reason == "tool_call"
     ]
-    assert calls  # starter-2m calls a tool on ~3/4 of with-id prompts
+    assert calls  # starter-2m calls a tool on ~0.6 of with-id prompts
     closing = starter_2m.tokenizer.convert_tokens_to_ids("</tool_call>")
     for call in calls:
         assert call.text.endswith("</tool_call>")

@@ -156,7 +156,10 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
 
     loop = LoopSettings(
         cycles=settings.cycles, num_samples=settings.num_samples,
-        max_tokens=settings.max_tokens, temperature=1.0, top_p=1.0, stop=STOP,
+        # rollouts sample like the evaluation (as posttrain grpo's do): at 1.0 the
+        # starter rarely copies an id right, and the groups compare two failures
+        max_tokens=settings.max_tokens, temperature=settings.eval_temperature,
+        top_p=settings.eval_top_p, stop=STOP,
         seed=settings.seed, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha,
         learning_rate=settings.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8,
         weight_decay=0.0, grad_clip_norm=1.0, skip_uniform_groups=True,
