@@ -61,3 +61,11 @@ def test_run_name_that_escapes_the_runs_folder(capsys, tmp_path):
 def test_missing_from_run(capsys, tmp_path):
     code, err = run_grpo(capsys, tmp_path, "--from-run", "nope", "--base-model", "starter-2m")
     assert code == 2 and "no run 'nope'" in err
+
+
+def test_rollout_sampling_settings_are_checked(capsys, tmp_path):
+    code, err = run_grpo(capsys, tmp_path, "--temperature", "0")
+    assert code == 2 and "--temperature must be above 0" in err
+    code, err = run_grpo(capsys, tmp_path, "--top-p", "1.5")
+    assert code == 2 and "--top-p must be in (0, 1]" in err
+    assert not (tmp_path / "runs").exists()
