@@ -36,7 +36,7 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
-from posttrain.train.settings import RecipeSettings
+from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's DPOTrainer accepts (checked against its DPOConfig help text)
 DPO_LOSS_TYPES = (
@@ -232,16 +232,7 @@ def dpo_config_kwargs(
         "label_smoothing": settings.resolved_label_smoothing(),
         "max_length": settings.max_length,
         "seed": settings.seed,
-        # TRL's defaults are GPU-minded: set the CPU-safe values explicitly (spike.md 9.2)
-        "use_cpu": not on_gpu,
-        "bf16": on_gpu,
-        "fp16": False,
-        "gradient_checkpointing": False,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
-        "disable_tqdm": True,
-        "lr_scheduler_type": "constant",
+        **trainer_runtime_kwargs(on_gpu),
     }
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.train.settings import RecipeSettings
+from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -161,16 +161,7 @@ def grpo_config_kwargs(
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "seed": settings.seed,
-        # TRL's defaults are GPU-minded: set the CPU-safe values explicitly (spike.md 9.2)
-        "use_cpu": not on_gpu,
-        "bf16": on_gpu,
-        "fp16": False,
-        "gradient_checkpointing": False,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
-        "disable_tqdm": True,
-        "lr_scheduler_type": "constant",
+        **trainer_runtime_kwargs(on_gpu),
     }
 
 

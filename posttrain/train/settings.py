@@ -33,6 +33,26 @@ def default_learning_rate(parameters: int) -> float:
     return LARGE_MODEL_LEARNING_RATE
 
 
+def trainer_runtime_kwargs(on_gpu: bool) -> dict[str, Any]:
+    """The TRL config values both recipes set the same way.
+
+    TRL's defaults are GPU-minded (bf16, gradient checkpointing): set the CPU-safe
+    values explicitly (spike.md 9.2); log every step into the run store, save
+    nothing mid-run, report to no tracker, keep the learning rate constant.
+    """
+    return {
+        "use_cpu": not on_gpu,
+        "bf16": on_gpu,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "lr_scheduler_type": "constant",
+    }
+
+
 @dataclass
 class RecipeSettings:
     """What every recipe shares. Fields with ``help`` become command-line flags."""
