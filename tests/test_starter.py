@@ -47,9 +47,21 @@ def test_the_cache_key_changes_with_any_recipe_field():
     assert starter_folder("starter").name == f"{base.name}-{base.key()}"
 
 
-def test_starter_is_the_2m_model_for_now():
-    assert recipe_for("starter") is recipe_for("starter-2m")
-    assert starter_folder("starter") == starter_folder("starter-2m")
+def test_starter_is_grown_from_the_2m_build_and_keyed_by_it(monkeypatch):
+    starter, small = recipe_for("starter"), recipe_for("starter-2m")
+    assert starter.grow_from == "starter-2m" and not small.grow_from
+    assert starter.architecture.hidden_size == 2 * small.architecture.hidden_size
+    assert starter.architecture.num_layers > small.architecture.num_layers
+    assert starter_folder("starter") != starter_folder("starter-2m")
+    before = starter.key()
+    # a different 2M build means a different grown one
+    monkeypatch.setitem(RECIPES, "starter-2m", replace(small, mix_steps=small.mix_steps + 1))
+    assert starter.key() != before
+
+
+def test_the_2m_key_did_not_change_when_growing_was_added():
+    # recipes without grow_from hash as before, so existing caches stay valid
+    assert recipe_for("starter-2m").key() == "5488042114a4"
 
 
 def test_every_category_mix_sums_to_one():
