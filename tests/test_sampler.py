@@ -139,3 +139,12 @@ def test_model_agent_implements_the_batch_protocol(starter_2m):
 def test_invalid_sampling_params_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    from posttrain.policy.sampler import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 9, 9]]) == 3
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # not the whole prompt
+    assert shared_prefix_length([[1, 2, 3]]) == 2
+    assert shared_prefix_length([[5, 2], [1, 2]]) == 0

@@ -21,7 +21,9 @@ we need three things ``generate`` does not give together:
 
 Prompts are left-padded, sorted by length into micro-batches of ``batch_size``
 (less padding; results do not depend on the grouping), and rows that finish are
-dropped from the cache once a quarter of the batch has finished.
+dropped from the cache once a quarter of the batch has finished. The tokens all
+prompts of a micro-batch start with (the system prompt) are run once and their
+cache shared, the padding going between that prefix and each row's own tokens.
 
 ``token_ids`` include the final eos token when the stop reason is ``"eos"``;
 ``text`` never does (special tokens are skipped) and ends right after the stop
@@ -38,6 +40,7 @@ Messages = list[dict[str, str]]
 TOOL_CALL_END = "</tool_call>"
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 COMPACT_WHEN_FINISHED = 0.25  # drop finished rows from the cache past this share
+MIN_SHARED_PREFIX = 8  # shorter common prefixes are not worth a separate forward pass
 
 
 @dataclass(frozen=True)
@@ -144,21 +147,36 @@ class Sampler:
         from transformers import DynamicCache
 
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
+        cache = DynamicCache(config=self.model.config)
+        shared = shared_prefix_length(prompts)
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        suffixes = [prompt[shared:] for prompt in prompts]
+        width = max(len(p) for p in suffixes)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for row, suffix in enumerate(suffixes):
+            input_ids[row, width - len(suffix) :] = torch.tensor(suffix)
+            mask[row, shared + width - len(suffix) :] = 1
+        positions = ((mask.cumsum(-1) - 1).clamp(min=0))[:, shared:]
         input_ids, mask, positions = input_ids.to(device), mask.to(device), positions.to(device)
+        if shared:
+            # every prompt starts with the same tokens (the system prompt, the tool list):
+            # run them once and copy their cache to each row, instead of once per row.
+            # The rows' own tokens follow after left padding *between* prefix and suffix;
+            # the mask hides the padding and the positions skip it, so each row computes
+            # what it would alone.
+            with torch.inference_mode():
+                prefix = torch.tensor([prompts[0][:shared]], device=device)
+                self.model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(prompts))
         generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         reasons: list[str | None] = [None] * len(prompts)
         rows = list(range(len(prompts)))  # cache row -> request index
         candidates = self._candidates(params.stop_strings)
-        cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             out = self.model(
                 input_ids=input_ids,
@@ -246,6 +264,16 @@ class Sampler:
             if ends:
                 text = text[: min(ends)]
         return text
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own."""
+    limit = min(len(prompt) for prompt in prompts) - 1
+    first = prompts[0]
+    length = 0
+    while length < limit and all(prompt[length] == first[length] for prompt in prompts):
+        length += 1
+    return length
 
 
 def end_of_turn_ids(tokenizer: Any, model: Any) -> frozenset[int]:
