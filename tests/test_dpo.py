@@ -88,6 +88,17 @@ def test_the_default_learning_rate_is_dpos_own_and_scales_with_model_size():
     assert settings.default_learning_rate(1_500_000_000) == 5e-6  # the seed's, for 1.5B
 
 
+def test_an_sft_weight_adds_trls_sft_loss_beside_the_preference_loss(tmp_path):
+    from trl import DPOConfig
+
+    settings = DPOSettings(sft_weight=0.5)
+    check_dpo_settings(settings)
+    config = DPOConfig(**dpo_config_kwargs(settings, 1e-3, str(tmp_path), "cpu"))
+    assert config.loss_type == ["sigmoid", "sft"] and config.loss_weights == [1.0, 0.5]
+    plain = DPOConfig(**dpo_config_kwargs(DPOSettings(), 1e-3, str(tmp_path), "cpu"))
+    assert plain.loss_type == ["sigmoid"] and plain.loss_weights is None
+
+
 def test_exo_pair_gets_the_label_smoothing_trl_requires(tmp_path):
     from trl import DPOConfig
 
@@ -109,6 +120,8 @@ def test_exo_pair_gets_the_label_smoothing_trl_requires(tmp_path):
         ({"constructed_share": -0.1}, "--constructed-share must be >= 0"),
         ({"loss_type": "robust", "label_smoothing": 0.5}, "robust needs --label-smoothing"),
         ({"skip_invalid": True}, "--skip-invalid only applies to --pairs"),
+        ({"sft_weight": -1.0}, "--sft-weight must be >= 0"),
+        ({"sft_weight": 1.0, "loss_type": "sft"}, "leave --sft-weight at 0"),
     ],
 )
 def test_impossible_settings_are_refused(changes, message):

@@ -87,7 +87,7 @@ class DPOSettings(RecipeSettings):
     learning_rate: float | None = field(
         default=None,
         metadata={
-            "help": "LoRA learning rate; default by model size: 1e-4 up to 50M parameters, "
+            "help": "LoRA learning rate; default by model size: 5e-5 up to 50M parameters, "
             "2e-5 up to 300M, 1e-5 up to 1B, 5e-6 above (lower than GRPO's: see "
             "docs/recipes/dpo.md)"
         },
@@ -100,6 +100,14 @@ class DPOSettings(RecipeSettings):
     loss_type: str = field(
         default="sigmoid",
         metadata={"help": "the DPO loss (TRL DPOConfig.loss_type)", "choices": DPO_LOSS_TYPES},
+    )
+    sft_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of a supervised term (the chosen reply's negative log-likelihood, "
+            "TRL's 'sft' loss) added to the DPO loss, as in RPO; it keeps DPO from pushing "
+            "both replies down, which can collapse a small policy. 0 = off"
+        },
     )
     label_smoothing: float | None = field(
         default=None,
@@ -174,6 +182,13 @@ def check_dpo_settings(settings: DPOSettings) -> None:
             f"--loss-type {settings.loss_type!r} is not a DPO loss this TRL accepts; "
             f"use one of {', '.join(DPO_LOSS_TYPES)}"
         )
+    if settings.sft_weight < 0:
+        raise PosttrainError(f"--sft-weight must be >= 0, got {settings.sft_weight}")
+    if settings.sft_weight and settings.loss_type == "sft":
+        raise PosttrainError(
+            "--sft-weight adds an sft term to a preference loss; with --loss-type sft the "
+            "loss is that term alone, so leave --sft-weight at 0"
+        )
     if settings.steps < 1:
         raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
     if settings.beta <= 0:
@@ -228,12 +243,20 @@ def dpo_config_kwargs(
         "gradient_accumulation_steps": 1,
         "learning_rate": learning_rate,
         "beta": settings.beta,
-        "loss_type": [settings.loss_type],  # a list in TRL 1.16 (multi-loss)
+        **dpo_loss_kwargs(settings),
         "label_smoothing": settings.resolved_label_smoothing(),
         "max_length": settings.max_length,
         "seed": settings.seed,
         **trainer_runtime_kwargs(on_gpu),
     }
+
+
+def dpo_loss_kwargs(settings: DPOSettings) -> dict[str, Any]:
+    """``loss_type`` (a list in TRL 1.16: several losses, summed) and, with an sft term,
+    ``loss_weights``."""
+    if not settings.sft_weight:
+        return {"loss_type": [settings.loss_type]}
+    return {"loss_type": [settings.loss_type, "sft"], "loss_weights": [1.0, settings.sft_weight]}
 
 
 def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
