@@ -60,12 +60,14 @@ class DemoSettings:
     eval_temperature: float = field(default=0.8, metadata={"help": "evaluation temperature"})
     eval_top_p: float = field(default=0.95, metadata={"help": "evaluation top-p"})
     cycles: int = field(default=24, metadata={"help": "RL cycles (sample, score, update)"})
-    groups_per_cycle: int = field(default=4, metadata={"help": "training prompts per cycle"})
+    # 8 prompts a cycle at 2e-4 move the 9.1M starter; 4 at 3e-4 (the 2M starter's
+    # defaults) dropped its no-id group (measured: docs/service.md, "The demo")
+    groups_per_cycle: int = field(default=8, metadata={"help": "training prompts per cycle"})
     num_samples: int = field(default=8, metadata={"help": "samples per prompt (the group)"})
     max_tokens: int = field(default=48, metadata={"help": "tokens per sampled reply"})
     # measured on starter (docs/service.md): 8 cycles at 2e-3 read flat and broke tool
     # calls (well_formed fell); 24 at 3e-4 moved (+0.11); 24 at 6e-4 lost with-id
-    learning_rate: float = field(default=3e-4, metadata={"help": "AdamW learning rate"})
+    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate"})
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank"})
     lora_alpha: float = field(default=32.0, metadata={"help": "LoRA alpha"})
     torch_threads: int | None = field(
