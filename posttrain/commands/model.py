@@ -131,7 +131,9 @@ def run_info(args: argparse.Namespace) -> int:
     if parameters:
         print(f"  parameters:    {parameters:,}")
     if build:
-        print(f"  built in:      {build['seconds']}s, final SFT loss {build['final_loss']:.3f}")
+        loss = build.get("final_loss")
+        loss_text = f", final SFT loss {loss:.3f}" if loss is not None else ""
+        print(f"  built in:      {build['seconds']}s{loss_text}")
     if "recipe" in facts:
         recipe = facts["recipe"]
         arch = recipe["architecture"]
@@ -141,6 +143,11 @@ def run_info(args: argparse.Namespace) -> int:
             f"skill {recipe['skill_steps']}, mix {recipe['mix_steps']}, lr "
             f"{recipe['learning_rate']}; data seed {recipe['data_seed']}"
         )
+        if recipe.get("grow_from"):
+            print(
+                f"  grown from:    {recipe['grow_from']} (same outputs at the start, then "
+                "trained the steps above)"
+            )
         mix = ", ".join(f"{k} {v}" for k, v in recipe["mix"].items())
         print(f"  behaviour mix: {mix}")
     if "note" in facts:
