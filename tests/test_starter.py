@@ -15,6 +15,7 @@ from posttrain.policy.starter import (
     Architecture,
     BehaviourMix,
     build_starter,
+    id_copy_rate,
     recipe_for,
     render_chatml,
     starter_dialogues,
@@ -145,25 +146,6 @@ def test_build_records_its_recipe_and_is_reused(starter_2m_folder):
     assert build_starter("starter-2m", show_progress=False) == starter_2m_folder
 
 
-def _id_copy_rate(model, tokenizer, prompts) -> float:
-    """Share of with-id prompts whose order number the model copies (teacher-forced, greedy)."""
-    import torch
-
-    from posttrain.envs.refund import normalize_order_id
-
-    call = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "'
-    copied = 0
-    for prompt in prompts:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-        chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(chat + call + normalize_order_id(prompt), return_tensors="pt").input_ids
-        start = len(tokenizer(chat + call + "ORD-").input_ids)
-        with torch.no_grad():
-            predicted = model(ids).logits[0, start - 1 : -1].argmax(-1)
-        copied += bool((predicted == ids[0, start:]).all())
-    return copied / len(prompts)
-
-
 def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m):
     from posttrain.data.simulate import simulate
     from posttrain.policy.starter import new_model
@@ -173,15 +155,15 @@ def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m)
     tokenizer = starter_2m.tokenizer
     wired = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=True).eval()
     plain = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=False).eval()
-    assert _id_copy_rate(wired, tokenizer, prompts) >= 0.7
-    assert _id_copy_rate(plain, tokenizer, prompts) <= 0.05
+    assert id_copy_rate(wired, tokenizer, prompts) >= 0.7
+    assert id_copy_rate(plain, tokenizer, prompts) <= 0.05
 
 
 def test_the_built_starter_2m_copies_most_order_ids(starter_2m):
     from posttrain.data.simulate import simulate
 
     prompts = [r["prompt"] for r in simulate(200, seed=0) if r["category"] == "with_id"][:30]
-    assert _id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts) >= 0.4
+    assert id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts) >= 0.4
 
 
 def test_fresh_ids_keep_the_spelling_and_the_grading():

@@ -572,6 +572,28 @@ def wire_copy_circuit(
         position.v_proj.bias[:head_dim] = 0.0
 
 
+def id_copy_rate(model: Any, tokenizer: Any, prompts: list[str]) -> float:
+    """Share of with-id ``prompts`` whose order number the model copies into a lookup call.
+
+    Teacher-forced and greedy: the reply is forced up to ``"order_id": "ORD-`` and every
+    token of the customer's number must be the model's top choice. It measures the copy
+    alone, apart from whether the policy chooses to call the tool.
+    """
+    import torch
+
+    call = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "'
+    copied = 0
+    for prompt in prompts:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(chat + call + normalize_order_id(prompt), return_tensors="pt").input_ids
+        start = len(tokenizer(chat + call + "ORD-").input_ids)
+        with torch.no_grad():
+            predicted = model(ids).logits[0, start - 1 : -1].argmax(-1)
+        copied += bool((predicted == ids[0, start:]).all())
+    return copied / len(prompts)
+
+
 # ---------------------------------------------------------------- supervised warm start
 
 
