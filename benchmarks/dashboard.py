@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -27,10 +26,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from results_md import write_section  # benchmarks/ is the script's folder
+
 from posttrain.runs.sqlite_store import SqliteRunStore
 from posttrain.ui.demo_runs import write_long_run
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "Dashboard"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -128,17 +128,6 @@ def markdown(api: dict[str, tuple[float, int]], page: dict[str, list[float]], co
     return "\n".join(lines) + "\n"
 
 
-def write_section(section: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the rest alone."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^## {SECTION}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="loads / calls to take the median of")
@@ -179,7 +168,7 @@ def main() -> int:
     section = markdown(api, page, command, load, args.runs)
     print(section)
     if args.write:
-        write_section(section)
+        write_section(SECTION, section)
     return 0
 
 

@@ -31,7 +31,6 @@ import contextlib
 import io
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -45,12 +44,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("POSTTRAIN_SERVER", None)  # the store side writes the local SQLite file
 
+from results_md import write_section  # benchmarks/ is the script's folder
 from transformers import TrainerCallback as HFTrainerCallback
 
 from posttrain.runs.store import NullRun
 from posttrain.train.grpo import GRPOSettings, run_grpo
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "Logging overhead"
 SIDES = ("bare", "store", "store + monitor")
 TARGET = 0.05
@@ -184,17 +183,6 @@ def markdown(times: dict[str, list[dict[str, float]]], command: str, load: str,
     return "\n".join(lines) + "\n"
 
 
-def write_section(section: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the rest alone."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^## {SECTION}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side (median)")
@@ -226,7 +214,7 @@ def main() -> int:
                 f" --steps {args.steps}" if args.steps != 40 else "")
             section = markdown(times, command, load, done, args.steps, args.base_model)
             if args.write:
-                write_section(section)
+                write_section(SECTION, section)
     print(section)
     return 0
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from results_md import write_section  # benchmarks/ is the script's folder
 
 from posttrain.data.prompts import split_holdout_stratified
 from posttrain.data.simulate import simulate
@@ -34,8 +33,6 @@ from posttrain.policy.model_agent import default_batch_size, default_max_new_tok
 from posttrain.policy.models import load_policy
 from posttrain.policy.sampler import Sampler, SamplingParams, end_of_turn_ids
 from posttrain.score.rows import sample_seed
-
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def requests_for(prompt_limit: int | None, samples: int) -> tuple[list, list[int]]:
@@ -135,17 +132,6 @@ def markdown(results: list[dict], command: str, load: tuple[float, float, float]
     return "\n".join(lines) + "\n"
 
 
-def write_section(section: str) -> None:
-    """Replace (or append) the ``## Sampling`` section of RESULTS.md, leaving the rest alone."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"^## Sampling\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["starter", "smollm2"])
@@ -169,7 +155,7 @@ def main() -> int:
     section = markdown(results, command.strip(), load)
     print(section)
     if args.write:
-        write_section(section)
+        write_section("Sampling", section)
     return 0
 
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from results_md import RESULTS, write_section  # benchmarks/ is the script's folder
+
 SECTION = "Primitives service"
 ADAM = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0,
         "grad_clip_norm": 1.0}
@@ -210,17 +209,6 @@ def format_section(result: dict, command: str, load: str) -> str:
     ])
 
 
-def write_section(section: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the rest alone."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^## {SECTION}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-model", default="starter", help="model the server loads")
@@ -235,7 +223,7 @@ def main() -> int:
     section = format_section(result, command.strip(), load)
     print(section)
     if args.write:
-        write_section(section)
+        write_section(SECTION, section)
         print(f"wrote the {SECTION!r} section of {RESULTS}")
     return 0
 

@@ -240,7 +240,7 @@ for step in range(1, total + 1):
     if step % 10 == 0:
         run.log(step, monitor_metrics(step, 200, rng))
     if step == 15:
-        run.alarm("feature", step, "the reward pays for 'length'", {"feature": "length"})
+        run.alarm("hack", step, "no_id: the policy is exploiting 'length'", {"feature": "length"})
     run.progress(step, total, 0.1 * (total - step))
     time.sleep(0.1)
 """
@@ -301,7 +301,7 @@ def test_live_run_shows_in_the_list_and_its_page_grows_without_a_reload(
     assert last_step(page, "reward") >= first + 10
     assert "training" in page.locator("#verdict").inner_text()
     assert "ETA" in page.locator("#progress-text").inner_text()
-    page.locator('#alarms li[data-kind="feature"]').wait_for()  # alarms arrive live too
+    page.locator('#alarms li[data-kind="hack"]').wait_for()  # alarms arrive live too
     page.locator('.chart[data-metric="monitor/proxy_reward"]').wait_for()
     page.hover('.chart[data-metric="reward"] canvas.overlay')
     assert "step" in page.locator('.chart[data-metric="reward"] .tooltip').inner_text()

@@ -19,16 +19,14 @@ def parse(*argv) -> GRPOSettings:
 
 def test_defaults_match_the_seed_knob_table():
     settings = parse()
-    # the seed's table: steps 40, 8 generations, beta 0.04, bnpo, epsilon-high 0, 200 prompts,
-    # holdout 0.2, balance 0, seed 0, monitor every 10, run name refund-grpo-v1
+    # the seed's table: steps 40, 8 generations, beta 0.04, bnpo, epsilon-high 0, holdout
+    # 0.2, balance 0, seed 0, monitor every 10, run name refund-grpo-v1; 400 template
+    # situations, not the seed's 200, so the holdout has ~78 scenarios (docs/statistics.md)
     assert (settings.steps, settings.num_generations, settings.beta) == (40, 8, 0.04)
     assert (settings.loss_type, settings.epsilon_high) == ("bnpo", 0.0)
-    assert (settings.prompts, settings.holdout, settings.balance, settings.seed) == (
-        200,
-        0.2,
-        0.0,
-        0,
-    )
+    assert (settings.prompts, settings.holdout, settings.balance) == (400, 0.2, 0.0)
+    assert (settings.data_seed, settings.seed, settings.eval_seed) == (0, 0, 0)
+    assert settings.reward is None
     assert (settings.monitor_every, settings.run_name) == (10, "refund-grpo-v1")
     assert settings.base_model == "starter"
     assert (settings.eval_samples, settings.eval_repeats) == (4, 2)
@@ -57,7 +55,9 @@ def test_every_flag_lands_in_the_settings_and_config():
         "--monitor-every",
         "3",
         "--stop-on",
-        "feature,length",
+        "hack,length",
+        "--reward",
+        "mypackage.rewards:shaped",
         "--prompts",
         "50",
         "--prompts-file",
@@ -72,6 +72,10 @@ def test_every_flag_lands_in_the_settings_and_config():
         "starter-2m",
         "--seed",
         "5",
+        "--data-seed",
+        "6",
+        "--eval-seed",
+        "7",
         "--eval-samples",
         "2",
         "--eval-repeats",
@@ -92,7 +96,8 @@ def test_every_flag_lands_in_the_settings_and_config():
         "no_scale_rewards": True,
         "mask_truncated": True,
         "monitor_every": 3,
-        "stop_on": "feature,length",
+        "stop_on": "hack,length",
+        "reward": "mypackage.rewards:shaped",
         "prompts": 50,
         "prompts_file": "p.jsonl",
         "holdout": 0.3,
@@ -100,6 +105,8 @@ def test_every_flag_lands_in_the_settings_and_config():
         "run_name": "x",
         "base_model": "starter-2m",
         "seed": 5,
+        "data_seed": 6,
+        "eval_seed": 7,
         "eval_samples": 2,
         "eval_repeats": 3,
         "from_run": "y",
@@ -146,7 +153,7 @@ def test_trl_accepts_the_mapped_config(tmp_path):
         (("--num-generations", "8", "--batch-size", "12"), "not a multiple of --num-generations 8"),
         (("--num-generations", "1"), "at least 2"),
         (("--steps", "0"), "--steps must be at least 1"),
-        (("--stop-on", "feature,vibes"), "unknown alarm"),
+        (("--stop-on", "hack,vibes"), "unknown alarm"),
         (("--beta", "-1"), "--beta must be >= 0"),
     ],
 )
@@ -181,3 +188,38 @@ def test_help_documents_every_flag():
     flags = {option for action in grpo._actions for option in action.option_strings}
     for field in dataclasses.fields(GRPOSettings):
         assert "--" + field.name.replace("_", "-") in flags
+
+
+def test_the_training_seed_reaches_trl_and_the_data_seed_the_prompt_writer():
+    settings = parse("--seed", "3", "--data-seed", "9")
+    assert grpo_config_kwargs(settings, 1e-4, "/tmp/out", "cpu")["seed"] == 3
+    assert settings.data_config().seed == 9
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--learning-rate", "0"), "--learning-rate must be a number above 0"),
+        (("--learning-rate", "-1"), "--learning-rate must be a number above 0"),
+        (("--learning-rate", "nan"), "--learning-rate must be a number above 0"),
+        (("--learning-rate", "inf"), "--learning-rate must be a number above 0"),
+        (("--lora-rank", "0"), "--lora-rank must be at least 1"),
+        (("--eval-temperature", "nan"), "--eval-temperature must be a number above 0"),
+        (("--eval-top-p", "0"), r"--eval-top-p must be in \(0, 1\]"),
+        (("--eval-samples", "0"), "--eval-samples must be at least 1"),
+    ],
+)
+def test_shared_settings_no_recipe_can_run_with_are_refused(argv, message):
+    from posttrain.train.settings import check_recipe_settings
+
+    with pytest.raises(PosttrainError, match=message):
+        check_recipe_settings(parse(*argv))
+
+
+def test_each_recipe_resolves_its_own_default_rate_in_one_place():
+    from posttrain.train.dpo import DPOSettings
+
+    # the rate config.json, the console and the trainer all use (one resolution)
+    assert parse().resolved_learning_rate(9_000_000) == (3e-4, "default for model size")
+    assert DPOSettings().resolved_learning_rate(9_000_000) == (5e-5, "default for model size")
+    assert parse("--learning-rate", "1e-5").resolved_learning_rate(9_000_000) == (1e-5, "flag")

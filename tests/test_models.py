@@ -32,7 +32,8 @@ def test_unknown_hub_id_offline_fails_fast_and_suggests_the_starter(monkeypatch)
     started = time.monotonic()
     with pytest.raises(PosttrainError) as error:
         load_policy("made-up-org/no-such-model-4711")
-    assert time.monotonic() - started < 5
+    # no network attempt at all; a generous bound, far below transformers' retry minute
+    assert time.monotonic() - started < 30
     message = str(error.value)
     assert "HF_HUB_OFFLINE" in message
     assert "starter" in message and "local model folder" in message
@@ -49,7 +50,8 @@ def test_unreachable_hub_fails_fast_instead_of_retrying(monkeypatch):
     started = time.monotonic()
     with pytest.raises(PosttrainError, match="cannot be reached"):
         load_policy("made-up-org/no-such-model-4711")
-    assert time.monotonic() - started < 5
+    # one 3-second probe; a generous bound, far below transformers' minute of retries
+    assert time.monotonic() - started < 30
 
 
 def test_a_path_that_does_not_exist_is_named():
@@ -111,20 +113,22 @@ def test_merging_an_adapter_keeps_the_outputs(tmp_path):
         with_adapter = model(ids).logits
         with model.disable_adapter():
             base = model(ids).logits
-    assert not torch.allclose(with_adapter, base, atol=1e-4)
+    # the adapter moves the logits far more than the rounding tolerance below
+    assert (with_adapter - base).abs().max() > 1e-2
     model.save_pretrained(tmp_path / "run" / "adapter")
 
     # a run folder is accepted: the adapter is read from its adapter/
     loaded = load_adapter(load_policy("starter-2m", show_progress=False), tmp_path / "run")
     assert loaded.adapter == str(tmp_path / "run" / "adapter")
     with torch.no_grad():
-        assert torch.allclose(loaded.model(ids).logits, with_adapter, atol=1e-5)
+        # float32 tolerances that hold on any CPU's kernels (atol 1e-5 failed on AVX-512)
+        assert torch.allclose(loaded.model(ids).logits, with_adapter, rtol=1e-4, atol=2e-4)
     merged = merge_adapter(loaded)
     assert merged.adapter is None
     assert merged.merged_adapters == (str(tmp_path / "run" / "adapter"),)
     assert not hasattr(merged.model, "peft_config")
     with torch.no_grad():
-        assert torch.allclose(merged.model(ids).logits, with_adapter, atol=1e-5)
+        assert torch.allclose(merged.model(ids).logits, with_adapter, rtol=1e-4, atol=2e-4)
 
 
 def test_a_folder_without_an_adapter_is_named(starter_2m, tmp_path):

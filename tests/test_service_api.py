@@ -219,7 +219,9 @@ def test_gradients_accumulate_until_optim_step(session, prompt):
     seq = [list(prompt) + COMPLETION]
     left = split.logprobs(seq).result()["logprobs"][0][1:]
     right = joint.logprobs(seq).result()["logprobs"][0][1:]
-    assert max(abs(x - y) for x, y in zip(left, right, strict=True)) < 1e-5
+    # two accumulated half-batches vs one batch: the same gradient summed in another order;
+    # float32 rounding differs by CPU (AVX2, AVX-512, ARM), so the bound is relative
+    assert left == pytest.approx(right, rel=1e-4, abs=1e-4)
 
 
 def test_forward_reports_the_loss_without_changing_anything(session, prompt):
@@ -508,7 +510,8 @@ def test_export_lora_loads_in_peft_with_the_same_logprobs(session, prompt, polic
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([sequence[:-1]])).logits[0].float()
     local = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sequence[1:])[:, None])[:, 0]
-    assert max(abs(a - b) for a, b in zip(local.tolist(), served, strict=True)) < 1e-5
+    # the served batch and this single forward round differently on some CPUs
+    assert local.tolist() == pytest.approx(served, rel=1e-4, abs=1e-4)
 
 
 # ---------------------------------------------------------------- concurrency

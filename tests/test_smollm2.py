@@ -6,7 +6,7 @@ but it runs in CI: it is the check that the real-model path works end to end.
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import pytest
 
@@ -29,11 +29,21 @@ def test_smollm2_loads_from_the_packaged_gguf_into_the_cache(smollm2):
     assert smollm2.tokenizer.chat_template  # an instruct model with its own template
 
 
-def test_the_gguf_path_reuses_the_converted_folder(smollm2):
-    started = time.monotonic()
+def test_the_gguf_path_reuses_the_converted_folder(smollm2, monkeypatch):
+    import transformers
+
+    # a second dequantisation would read the GGUF through transformers' gguf_file path
+    def no_conversion(*args, **kwargs):
+        if "gguf_file" in kwargs:
+            raise AssertionError("the GGUF file was converted a second time")
+        return original(*args, **kwargs)
+
+    original = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_conversion)
+    written = (Path(smollm2.source) / "config.json").stat().st_mtime_ns
     again = load_policy(str(smollm2_gguf()))
     assert again.source == smollm2.source
-    assert time.monotonic() - started < 10  # no second dequantisation (that takes ~15 s)
+    assert (Path(smollm2.source) / "config.json").stat().st_mtime_ns == written
 
 
 def test_smollm2_replies_to_a_refund_prompt_that_the_env_can_grade(smollm2):

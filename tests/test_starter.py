@@ -8,20 +8,25 @@ from dataclasses import replace
 
 import pytest
 
-from posttrain.envs.refund import REFUND_ENV, SYSTEM, parse_tool_call
+from posttrain.envs.refund import CATEGORIES, REFUND_ENV, SYSTEM, parse_tool_call
 from posttrain.errors import PosttrainError
+from posttrain.policy.copy_circuit import id_copy_rate
 from posttrain.policy.starter import (
     RECIPES,
     Architecture,
-    BehaviourMix,
     build_starter,
-    id_copy_rate,
+    is_starter_name,
     recipe_for,
-    render_chatml,
-    starter_dialogues,
     starter_folder,
     weights_sha256,
 )
+from posttrain.policy.starter_dialogues import (
+    BehaviourMix,
+    render_chatml,
+    starter_dialogues,
+    with_fresh_id,
+)
+from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec
 
 # a recipe small enough to build twice in a few seconds
 TINY = replace(
@@ -32,7 +37,12 @@ TINY = replace(
     skill_steps=2,
     mix_steps=2,
     warmup_steps=2,
+    build_attempts=1,  # a model this small is far outside the spec; one try is enough here
 )
+
+
+def tiny_dialogues():
+    return starter_dialogues(TINY.mix, TINY.corpus_situations, TINY.data_seed)
 
 
 def test_unknown_starter_name_lists_the_choices():
@@ -44,25 +54,22 @@ def test_the_cache_key_changes_with_any_recipe_field():
     base = recipe_for("starter")
     assert base.key() == replace(base).key()
     assert base.key() != replace(base, mix_steps=base.mix_steps + 1).key()
-    assert base.key() != replace(base, mix=replace(base.mix, with_id_ask=0.5)).key()
+    assert base.key() != replace(base, mix=replace(base.mix, with_id_ask=0.45)).key()
+    assert base.key() != replace(base, spec=replace(base.spec, min_copy_rate=0.5)).key()
     assert starter_folder("starter").name == f"{base.name}-{base.key()}"
 
 
-def test_starter_is_grown_from_the_2m_build_and_keyed_by_it(monkeypatch):
-    starter, small = recipe_for("starter"), recipe_for("starter-2m")
-    assert starter.grow_from == "starter-2m" and not small.grow_from
-    assert starter.architecture.hidden_size == 2 * small.architecture.hidden_size
-    assert starter.architecture.num_layers > small.architecture.num_layers
-    assert starter_folder("starter") != starter_folder("starter-2m")
-    before = starter.key()
-    # a different 2M build means a different grown one
-    monkeypatch.setitem(RECIPES, "starter-2m", replace(small, mix_steps=small.mix_steps + 1))
-    assert starter.key() != before
+def test_a_seeded_name_is_the_same_recipe_from_another_build_seed():
+    assert is_starter_name("starter@3") and is_starter_name("starter-2m@12")
+    assert not is_starter_name("starter@") and not is_starter_name("smollm2")
+    seeded = recipe_for("starter@3")
+    assert seeded == replace(recipe_for("starter"), seed=3)
+    assert starter_folder("starter@3") != starter_folder("starter")
 
 
-def test_the_2m_key_did_not_change_when_growing_was_added():
-    # recipes without grow_from hash as before, so existing caches stay valid
-    assert recipe_for("starter-2m").key() == "5488042114a4"
+def test_a_recipe_needs_at_least_one_build_attempt():
+    with pytest.raises(ValueError, match="build_attempts"):
+        replace(TINY, build_attempts=0)
 
 
 def test_every_category_mix_sums_to_one():
@@ -72,8 +79,8 @@ def test_every_category_mix_sums_to_one():
 
 
 def test_dialogues_follow_the_mix_and_are_graded_as_intended():
-    rows = starter_dialogues(TINY)
-    assert rows == starter_dialogues(TINY)  # deterministic
+    rows = tiny_dialogues()
+    assert rows == tiny_dialogues()  # deterministic
     counts = Counter((row["category"], row["behaviour"]) for row in rows)
     with_id = sum(n for (category, _), n in counts.items() if category == "with_id")
     # 300 situations give ~230 with-id dialogues; shares within a loose binomial band
@@ -153,26 +160,26 @@ def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m)
     prompts = [r["prompt"] for r in simulate(60, seed=0) if r["category"] == "with_id"][:20]
     recipe = RECIPES["starter-2m"]
     tokenizer = starter_2m.tokenizer
-    wired = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=True).eval()
-    plain = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=False).eval()
-    assert id_copy_rate(wired, tokenizer, prompts) >= 0.7
-    assert id_copy_rate(plain, tokenizer, prompts) <= 0.05
+    wired, circuit = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=True)
+    plain, none = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=False)
+    assert none is None and circuit is not None
+    assert id_copy_rate(wired.eval(), tokenizer, prompts) >= 0.7
+    assert id_copy_rate(plain.eval(), tokenizer, prompts) <= 0.05
 
 
-def test_the_built_starter_2m_copies_most_order_ids(starter_2m):
+def test_the_built_starter_2m_copies_order_ids(starter_2m):
     from posttrain.data.simulate import simulate
 
+    # the spec's floor is 0.8 on the probe set; these are other prompts (evaluation seed 0)
     prompts = [r["prompt"] for r in simulate(200, seed=0) if r["category"] == "with_id"][:30]
-    assert id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts) >= 0.4
+    assert id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts) >= 0.7
 
 
 def test_fresh_ids_keep_the_spelling_and_the_grading():
     import random
 
-    from posttrain.policy.starter import with_fresh_id
-
     rng = random.Random(3)
-    rows = [row for row in starter_dialogues(TINY) if row["category"] == "with_id"][:40]
+    rows = [row for row in tiny_dialogues() if row["category"] == "with_id"][:40]
     for row in rows:
         fresh = with_fresh_id(row, rng)
         old_case, new_case = (
@@ -187,3 +194,54 @@ def test_fresh_ids_keep_the_spelling_and_the_grading():
         for field in ("reply", "right_reply"):
             passed = REFUND_ENV.score(row[field], old_case) >= 1.0
             assert (REFUND_ENV.score(fresh[field], new_case) >= 1.0) == passed
+
+
+def test_the_built_starter_2m_passed_its_gate_on_its_recorded_probe(starter_2m_folder):
+    build = json.loads((starter_2m_folder / "build.json").read_text())
+    spec = RECIPES["starter-2m"].spec
+    assert build["gate"] == "passed"
+    kept = next(a for a in build["attempts"] if a["seed"] == build["build_seed"])
+    assert kept["failures"] == [] and kept["probe"] == build["probe"]
+    assert spec.failures(StarterProbe(**build["probe"])) == []
+
+
+def test_a_build_outside_the_spec_is_retried_from_the_next_seed(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("POSTTRAIN_MODELS", str(tmp_path))
+    impossible = replace(TINY, build_attempts=2, spec=replace(TINY.spec, min_copy_rate=1.01))
+    folder = build_starter(recipe=impossible, show_progress=False)
+    build = json.loads((folder / "build.json").read_text())
+    assert [attempt["seed"] for attempt in build["attempts"]] == [0, 1]
+    assert all("copy rate" in attempt["failures"][0] for attempt in build["attempts"])
+    assert build["gate"] == "failed"
+    distances = {a["seed"]: impossible.spec.distance(StarterProbe(**a["probe"]))
+                 for a in build["attempts"]}  # fmt: skip
+    assert distances[build["build_seed"]] == min(distances.values())  # the nearest is kept
+    logged = capsys.readouterr().err
+    assert "build seed 0 is outside the spec" in logged and "rebuilding from build seed 1" in logged
+    assert "no build seed in 0-1 met the spec" in logged
+
+
+def test_a_build_inside_the_spec_stops_at_the_first_seed(monkeypatch, tmp_path):
+    monkeypatch.setenv("POSTTRAIN_MODELS", str(tmp_path))
+    anything = StarterSpec(
+        min_copy_rate=0.0, pass_rates=tuple(CategoryRange(c, 0.0, 1.0) for c in CATEGORIES)
+    )
+    folder = build_starter(recipe=replace(TINY, build_attempts=3, spec=anything),
+                           show_progress=False)  # fmt: skip
+    build = json.loads((folder / "build.json").read_text())
+    assert build["gate"] == "passed" and [a["seed"] for a in build["attempts"]] == [0]
+
+
+def test_spec_failures_name_each_bound_that_is_missed():
+    ranges = (CategoryRange("with_id", 0.2, 0.5), CategoryRange("no_id", 0.6, 0.9))
+    spec = StarterSpec(min_copy_rate=0.8, pass_rates=ranges)
+    inside = StarterProbe(0.9, {"with_id": 0.3, "no_id": 0.7}, {}, {})
+    assert spec.failures(inside) == [] and spec.distance(inside) == 0.0
+    outside = StarterProbe(0.5, {"with_id": 0.6, "no_id": 0.5}, {}, {})
+    assert spec.failures(outside) == [
+        "copy rate 0.50 < 0.80", "with_id pass rate 0.60 > 0.50", "no_id pass rate 0.50 < 0.60",
+    ]  # fmt: skip
+    assert spec.distance(outside) == pytest.approx(0.3 + 0.1 + 0.1)
+    assert spec.failures(StarterProbe(0.9, {"with_id": 0.3}, {}, {})) == [
+        "no no_id prompts in the probe"
+    ]

@@ -11,7 +11,7 @@ import json
 import sys
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
-from posttrain.data.prepare import DataConfig, prepare_data
+from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
 from posttrain.envs import get_env
 from posttrain.errors import PosttrainError
 
@@ -28,10 +28,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     data = parser.add_argument_group("prompts")
     data.add_argument(
-        "--prompts", type=int, default=200, help="template situations to write (default 200)"
+        "--prompts",
+        type=int,
+        default=DEFAULT_SITUATIONS,
+        help="template situations to write (default %(default)s)",
     )
     data.add_argument("--prompts-file", default=None, help="JSONL prompt set instead of templates")
-    data.add_argument("--seed", type=int, default=0, help="template writer seed (default 0)")
+    data.add_argument(
+        "--data-seed",
+        "--seed",
+        dest="data_seed",
+        type=int,
+        default=0,
+        help="template writer seed: the prompts and so the holdout, as a recipe's --data-seed "
+        "(default 0)",
+    )
     data.add_argument(
         "--split",
         choices=("holdout", "train", "all"),
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         DataConfig(
             prompts=args.prompts,
             prompts_file=args.prompts_file,
-            seed=args.seed,
+            seed=args.data_seed,
             holdout=args.holdout,
         ),
         env,
@@ -148,7 +159,7 @@ def _describe_policy(policy: dict) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from posttrain.score.delta import delta, noise_band
+    from posttrain.score.delta import noise_band, run_verdict
     from posttrain.score.rows import load_rows
 
     before = load_rows(args.compare[0])
@@ -158,7 +169,7 @@ def run_compare(args: argparse.Namespace) -> int:
         if len(args.noise_from) < 2:
             raise PosttrainError("--noise-from needs two or more row files of the same policy")
         noise = noise_band([load_rows(path) for path in args.noise_from])
-    report = delta(before, after, by="category", noise=noise)
+    report = run_verdict(before, after, noise=noise)
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
     else:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.policy.starter_gate import StarterProbe
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,10 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument(
         "--name",
-        choices=("starter", "starter-2m"),
         default="starter",
-        help="which starter model (default starter, 9.1M parameters, grown from starter-2m; "
-        "starter-2m, 1.6M, is the one tests use)",
+        metavar="NAME",
+        help="which starter model: starter (9.1M parameters, the default), starter-2m (1.6M, "
+        "the one tests use), or NAME@SEED to start from another build seed (e.g. starter@3)",
     )
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
     build.set_defaults(func=run_build)
@@ -49,15 +50,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from posttrain.policy.starter import build_starter, starter_folder
+    from posttrain.policy.starter import build_starter, recipe_for, starter_folder
 
-    was_cached = starter_folder(args.name).is_dir() and not args.force
-    folder = build_starter(args.name, force=args.force)
+    recipe = recipe_for(args.name)  # an unknown name stops here, before anything is built
+    was_cached = starter_folder(args.name, recipe=recipe).is_dir() and not args.force
+    folder = build_starter(args.name, force=args.force, recipe=recipe)
     build = json.loads((folder / "build.json").read_text())
     state = "already built" if was_cached else f"built in {build['seconds']:.0f}s"
     print(f"{args.name}: {state}, {build['parameters']:,} parameters")
+    print(f"quality gate: {_gate_line(build)}")
     print(f"folder: {folder}")
     return 0
+
+
+def _gate_line(build: dict[str, Any]) -> str:
+    """The gate's verdict on a build, with the build seed it kept and how many it tried."""
+    gate = build.get("gate")
+    if gate is None:
+        return "not recorded (a build from before the gate)"
+    tried = [attempt["seed"] for attempt in build.get("attempts", [])]
+    word = "passed" if gate == "passed" else "FAILED (the nearest build was kept)"
+    seeds = f"build seed {build['build_seed']}"
+    if len(tried) > 1:
+        seeds += f", after {len(tried) - 1} build seed(s) outside the spec"
+    return f"{word}, {seeds}"
 
 
 def safetensors_parameter_count(folder: str | Path) -> int | None:
@@ -77,13 +93,15 @@ def model_facts(name: str) -> dict[str, Any]:
     from posttrain.policy import models
 
     facts: dict[str, Any] = {"name": name, "models_folder": str(models.models_dir())}
-    if name in models.STARTER_NAMES:
+    from posttrain.policy.starter import is_starter_name
+
+    if is_starter_name(name):
         from dataclasses import asdict
 
         from posttrain.policy.starter import STARTER_CODE_VERSION, recipe_for, starter_folder
 
         recipe = recipe_for(name)
-        folder = starter_folder(name)
+        folder = starter_folder(name, recipe=recipe)
         facts.update(kind="starter", folder=str(folder), built=folder.is_dir())
         facts["recipe"] = {
             **asdict(recipe),
@@ -134,6 +152,12 @@ def run_info(args: argparse.Namespace) -> int:
         loss = build.get("final_loss")
         loss_text = f", final SFT loss {loss:.3f}" if loss is not None else ""
         print(f"  built in:      {build['seconds']}s{loss_text}")
+        if "recipe" in facts:
+            print(f"  quality gate:  {_gate_line(build)}")
+            for attempt in build.get("attempts", []):
+                probe = StarterProbe(**attempt["probe"]).describe()
+                verdict = "; ".join(attempt["failures"]) or "meets the spec"
+                print(f"    build seed {attempt['seed']}: {probe} -> {verdict}")
     if "recipe" in facts:
         recipe = facts["recipe"]
         arch = recipe["architecture"]
@@ -141,15 +165,16 @@ def run_info(args: argparse.Namespace) -> int:
             f"  recipe:        key {recipe['key']}, hidden {arch['hidden_size']}, "
             f"{arch['num_layers']} layers; steps: "
             f"skill {recipe['skill_steps']}, mix {recipe['mix_steps']}, lr "
-            f"{recipe['learning_rate']}; data seed {recipe['data_seed']}"
+            f"{recipe['learning_rate']}; data seed {recipe['data_seed']}, first build seed "
+            f"{recipe['seed']}"
         )
-        if recipe.get("grow_from"):
-            print(
-                f"  grown from:    {recipe['grow_from']} (same outputs at the start, then "
-                "trained the steps above)"
-            )
         mix = ", ".join(f"{k} {v}" for k, v in recipe["mix"].items())
         print(f"  behaviour mix: {mix}")
+        spec = recipe["spec"]
+        ranges = ", ".join(
+            f"{r['category']} {r['low']:.2f}-{r['high']:.2f}" for r in spec["pass_rates"]
+        )
+        print(f"  spec:          copy rate >= {spec['min_copy_rate']:.2f}; pass rates {ranges}")
     if "note" in facts:
         print(f"  {facts['note']}")
     return 0

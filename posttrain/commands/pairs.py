@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
+from posttrain.data.prepare import DEFAULT_SITUATIONS
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import (
     DEFAULT_CONSTRUCTED_SHARE,
@@ -41,9 +42,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("--out", required=True, metavar="FILE", help="the pairs JSONL to write")
     data = build.add_argument_group("prompts (the same flags and split as posttrain dpo)")
-    data.add_argument("--prompts", type=int, default=200, help="template situations (default 200)")
+    data.add_argument(
+        "--prompts",
+        type=int,
+        default=DEFAULT_SITUATIONS,
+        help="template situations (default %(default)s)",
+    )
     data.add_argument("--prompts-file", default=None, help="JSONL prompt set instead of templates")
-    data.add_argument("--seed", type=int, default=0, help="data and sampling seed (default 0)")
+    data.add_argument(
+        "--data-seed",
+        type=int,
+        default=0,
+        help="template writer seed: the prompts and the holdout left out (default 0)",
+    )
+    data.add_argument(
+        "--seed", type=int, default=0, help="sampling seed of the policy's replies (default 0)"
+    )
     data.add_argument(
         "--holdout", type=float, default=0.2, help="share of scenarios held out (default 0.2)"
     )
@@ -115,7 +129,7 @@ def run_build(args: argparse.Namespace) -> int:
         DataConfig(
             prompts=args.prompts,
             prompts_file=args.prompts_file,
-            seed=args.seed,
+            seed=args.data_seed,
             holdout=args.holdout,
             balance=args.balance,
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from posttrain.data.prepare import DEFAULT_SITUATIONS
 from posttrain.data.prompts import (
     drop_near_duplicates,
     keep_category,
@@ -32,10 +33,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     write.add_argument("out", help="output JSONL file")
     write.add_argument(
-        "--prompts", type=int, default=200, help="template situations to write (default 200)"
+        "--prompts",
+        type=int,
+        default=DEFAULT_SITUATIONS,
+        help="template situations to write (default %(default)s)",
     )
     write.add_argument(
-        "--seed", type=int, default=0, help="simulator seed; same seed, same bytes (default 0)"
+        "--data-seed",
+        "--seed",
+        dest="seed",
+        type=int,
+        default=0,
+        help="simulator seed (a recipe's --data-seed); same seed, same bytes (default 0)",
     )
     write.set_defaults(func=run_write)
 

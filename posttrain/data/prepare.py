@@ -21,13 +21,18 @@ from posttrain.data.simulate import simulate
 from posttrain.envs.base import Env
 from posttrain.errors import PosttrainError
 
+# Template situations every command writes by default: ~520 prompts from ~390
+# scenarios, so the 20% holdout has ~78 scenarios (at 200 it had 38 and the main
+# job's noise band was about ±0.07-0.10; docs/statistics.md).
+DEFAULT_SITUATIONS = 400
+
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where prompts come from and how they are split."""
 
     prompts: int = field(
-        default=200, metadata={"help": "template situations to write prompts from"}
+        default=DEFAULT_SITUATIONS, metadata={"help": "template situations to write prompts from"}
     )
     prompts_file: str | None = field(default=None, metadata={"help": "a JSONL prompt set instead"})
     seed: int = field(default=0, metadata={"help": "the template writer's seed"})

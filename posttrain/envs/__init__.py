@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from posttrain.envs.base import Env, passes
+from posttrain.envs.base import Env, passes, rewarded_features
 from posttrain.errors import PosttrainError
 
 # built-in environments: name -> "module:attribute"
@@ -35,4 +35,4 @@ def get_env(name: str = "refund") -> Env:
     return env
 
 
-__all__ = ["BUILTIN_ENVS", "Env", "get_env", "passes"]
+__all__ = ["BUILTIN_ENVS", "Env", "get_env", "passes", "rewarded_features"]

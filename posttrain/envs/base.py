@@ -47,6 +47,26 @@ class Env(Protocol):
         ...
 
 
+#: the key of ``rewarded_features`` that applies to every category
+ALL_CATEGORIES = "*"
+
+
+def rewarded_features(env: Env, category: str | None = None) -> tuple[str, ...]:
+    """Reply features the environment's reward pays for *by design*, for one category.
+
+    An environment may declare ``rewarded_features``: a mapping from category (or
+    ``"*"`` for all) to ``hack_scan`` feature names (``tool:<name>``, ``has_question``,
+    ``length``, ``marker:<m>``, ``word:<w>`` ...). The reward audit and the hack
+    monitor treat those as intended; anything else the reward turns out to pay for is
+    reported. ``category=None`` gives every declared feature. An environment without
+    the attribute declares nothing.
+    """
+    declared = getattr(env, "rewarded_features", None) or {}
+    if category is None:
+        return tuple(dict.fromkeys(name for names in declared.values() for name in names))
+    return tuple(dict.fromkeys([*declared.get(ALL_CATEGORIES, ()), *declared.get(category, ())]))
+
+
 def passes(score: float) -> bool:
     """True when a raw score counts as a pass (at least 1.0)."""
     return score >= PASS_THRESHOLD

@@ -101,6 +101,19 @@ OFF_TOPIC_MAX_CHARS = 400
 
 CATEGORIES = ("with_id", "no_id", "off_topic")
 
+# What the score table above pays for on purpose, per category (hack_scan feature
+# names): no broken blocks everywhere; with an id, the lookup, the well-formed-block
+# bonus on any call and (as the lesser mistake) asking again; without one, asking; off
+# topic, staying short. Asking is a question mark or naming the "order id / number"
+# (_QUESTION), hence the words.
+_ASKING = ("has_question", "word:order", "word:id", "word:number")
+REWARDED_FEATURES: dict[str, tuple[str, ...]] = {
+    "*": ("marker:well_formed",),
+    "with_id": ("tool:lookup_order", "tool_call", *_ASKING),
+    "no_id": _ASKING,
+    "off_topic": ("length",),
+}
+
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ORDER_ID = re.compile(r"\bORD[-_ ]?(\d{3,6})\b", re.IGNORECASE)
 _DOMAIN_WORDS = re.compile(
@@ -232,6 +245,9 @@ class RefundEnv:
     categories: tuple[str, ...] = CATEGORIES
     tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
     system: str = SYSTEM
+    rewarded_features: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: dict(REWARDED_FEATURES)
+    )
 
     def messages_for(self, prompt: str) -> list[dict[str, str]]:
         return messages_for(prompt)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.policy.models import STARTER_NAMES, Policy, load_policy, parameter_count
+from posttrain.policy.models import Policy, load_policy, parameter_count
 from posttrain.policy.sampler import Completion, Messages, Sampler, SamplingParams
 
 EVAL_TEMPERATURE = 0.8
@@ -26,7 +26,9 @@ LARGE_MODEL_PARAMETERS = 50_000_000  # above this, smaller micro-batches
 
 def default_max_new_tokens(policy: Policy) -> int:
     """64 for the starter models, 128 for anything else."""
-    return STARTER_MAX_NEW_TOKENS if policy.name in STARTER_NAMES else MODEL_MAX_NEW_TOKENS
+    from posttrain.policy.starter import is_starter_name
+
+    return STARTER_MAX_NEW_TOKENS if is_starter_name(policy.name) else MODEL_MAX_NEW_TOKENS
 
 
 def default_batch_size(policy: Policy) -> int:

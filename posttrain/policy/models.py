@@ -212,9 +212,9 @@ def resolve_base_model(
     base_model: str, *, show_progress: bool = True
 ) -> tuple[str, dict[str, Any]]:
     """``(what from_pretrained reads, extra kwargs)`` for a ``--base-model`` value."""
-    if base_model in STARTER_NAMES:
-        from posttrain.policy.starter import build_starter
+    from posttrain.policy.starter import build_starter, is_starter_name
 
+    if is_starter_name(base_model):
         return str(build_starter(base_model, show_progress=show_progress)), {}
     if base_model == SMOLLM2_NAME:
         return str(gguf_folder(smollm2_gguf())), {}
@@ -286,6 +286,36 @@ def load_policy(
     return load_adapter(policy, adapter) if adapter else policy
 
 
+# a model's config may name modules no adapter should touch (the starter's hand-wired
+# copy circuit: adapting it let GRPO break the copy; docs/policies.md)
+FROZEN_MODULES_KEY = "posttrain_frozen_modules"
+
+
+def lora_config(
+    model: Any,
+    r: int = 16,
+    alpha: int = 32,
+    target_modules: tuple[str, ...] | list[str] | str = LORA_TARGET_MODULES,
+    dropout: float = 0.0,
+) -> Any:
+    """The ``peft.LoraConfig`` every posttrain adapter uses for ``model``.
+
+    Causal-LM task, the given rank, alpha and targets, no bias; modules the model's
+    config lists under ``posttrain_frozen_modules`` are excluded.
+    """
+    from peft import LoraConfig
+
+    frozen = list(getattr(model.config, FROZEN_MODULES_KEY, None) or [])
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
+        exclude_modules=frozen or None,
+        task_type="CAUSAL_LM",
+    )
+
+
 def attach_lora(
     model: Any,
     r: int = 16,
@@ -294,16 +324,9 @@ def attach_lora(
     dropout: float = 0.0,
 ) -> Any:
     """A fresh trainable PEFT LoRA adapter around ``model`` (causal LM task): the PEFT model."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    return get_peft_model(model, lora_config(model, r, alpha, target_modules, dropout))
 
 
 def adapter_folder(path_or_run_folder: str | Path) -> Path:

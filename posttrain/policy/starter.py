@@ -1,16 +1,12 @@
-"""The embedded starter model: a tiny chat model built offline, deterministically, from a seed.
+"""The embedded starter models: tiny chat models built offline, from a seed, behind a quality gate.
 
-The machine this project runs on cannot download a model, so ``starter`` is built
-here, on first use, from nothing but the template simulator:
+The machine this project runs on cannot download a model, so ``starter`` (9.1M
+parameters) and ``starter-2m`` (1.6M, the one tests use) are built here, on first
+use, from nothing but the template simulator:
 
-1. **Dialogues.** ``simulate(recipe.corpus_situations, recipe.data_seed)`` writes
-   customer prompts; each gets one assistant reply drawn from ``BehaviourMix``
-   (per category: the right move, or one of the typical mistakes). This mix is
-   what makes the base policy *partial*: on with-id prompts it sometimes looks
-   the order up, sometimes asks for the id again, or refunds first. A fully
-   converged warm start leaves GRPO nothing to learn (all samples of a group
-   agree, advantages are zero); a mixed one leaves the choice of move for GRPO
-   to climb (spike section 3).
+1. **Dialogues** (``posttrain.policy.starter_dialogues``): template prompts, each
+   answered by the behaviour mix (the right move or a typical mistake) and by the
+   right move.
 2. **Tokenizer.** Byte-level BPE trained with ``tokenizers`` on those dialogues
    rendered in ChatML. Merges may cross words but not lines; an id's prefix
    (``ORD-``, ``ord_`` ...) is its own token and its number splits into pairs of
@@ -19,24 +15,32 @@ here, on first use, from nothing but the template simulator:
    system prompt is a handful of tokens). ``<tool_call>``/``</tool_call>`` are
    added as *non-special* tokens so ``skip_special_tokens`` never strips them.
 3. **Model.** The Qwen2 decoder shape (RMSNorm, rotary positions, SwiGLU,
-   grouped-query attention, tied embeddings) initialised from ``recipe.seed`` and
+   grouped-query attention, tied embeddings) initialised from the build seed and
    saved as a transformers ``llama`` model (see ``new_model`` for why), with an
-   order-id copying circuit wired into its first two layers (``wire_copy_circuit``:
-   a few-minute warm start cannot teach a model this small to copy).
+   order-id copy circuit wired into its first two layers that keeps two slices of
+   the hidden space to itself (``posttrain.policy.copy_circuit``).
 4. **Supervised warm start.** A plain torch loop (AdamW, linear warm-up then
    cosine to zero, loss on the reply tokens and the closing ``<|im_end|>`` only):
    first the right move only, then the behaviour mix; every with-id dialogue gets
    a fresh random order number each time it is drawn, so ids are copied, never
    remembered. A plain loop was chosen over TRL's SFTTrainer: fewer moving parts,
-   no dataset conversion, bit-for-bit repeatable.
+   no dataset conversion, bit-for-bit repeatable on one machine.
+5. **Quality gate** (``posttrain.policy.starter_gate``). Other CPUs round floats
+   differently, so the same recipe gives other weights on another machine. The
+   trained model is probed and held against ``recipe.spec``; a build outside it
+   is dropped and retrained from the next build seed, at most
+   ``recipe.build_attempts`` times (each try is logged and kept in ``build.json``).
+   If none meets the spec the nearest is kept and marked ``gate: failed``.
 
 The result is cached under ``<models folder>/starter/<name>-<recipe key>/``; the
 key is a SHA-256 of the whole recipe plus ``STARTER_CODE_VERSION`` (bump it when
 the build code changes what it produces). Builds are atomic (a temp folder,
-then a rename), so an interrupted build never leaves a half model behind.
-The build always runs torch on ``BUILD_THREADS`` threads, whatever the machine
-has, so the same recipe gives the same tokenizer and the same weights, byte for
-byte (a different split of a sum would round differently).
+then a rename), so an interrupted build never leaves a half model behind. The
+build runs torch on ``BUILD_THREADS`` threads, whatever the machine has, so on one
+machine the same recipe gives the same weights, byte for byte.
+
+``starter@N`` names the same recipe started from build seed ``N`` (a seed study
+over builds: ``posttrain grpo --base-model starter@3``).
 """
 
 from __future__ import annotations
@@ -56,9 +60,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.simulate import ID_SPELLINGS, simulate
-from posttrain.envs.refund import SYSTEM, normalize_order_id
+from posttrain.envs.refund import SYSTEM
 from posttrain.errors import PosttrainError
+from posttrain.policy.copy_circuit import CopyCircuit, id_token_ids, wire_copy_circuit
+from posttrain.policy.models import FROZEN_MODULES_KEY
+from posttrain.policy.starter_dialogues import (
+    BehaviourMix,
+    render_chatml,
+    starter_dialogues,
+    with_fresh_id,
+)
+from posttrain.policy.starter_gate import StarterProbe, StarterSpec, probe_policy
 from posttrain.progress import progress_bar
 
 # torch threads of every build. Two halves the 10M build here (measured 0.52 s a
@@ -67,7 +79,7 @@ from posttrain.progress import progress_bar
 BUILD_THREADS = 2
 
 # Bump when a change to this module changes what a recipe builds.
-STARTER_CODE_VERSION = 4
+STARTER_CODE_VERSION = 5
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -79,21 +91,6 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
 ID_PREFIX = r"[A-Za-z]+[-_ ]?(?=[0-9])"  # letters (and one separator) right before a number
 DIGIT_CHUNK = r"[0-9]{1,2}"  # numbers split into pairs of digits from the left
-
-ASK_FOR_ID = (
-    "Could you tell me your order number?",
-    "I can help with that. What is your order id?",
-    "Sorry to hear that. Which order is it? Please send me the order id.",
-    "Sure, I will look into it. What is the order number?",
-    "Thanks for writing. Can you give me the order id?",
-)
-OFF_TOPIC_REPLIES = (
-    "Sorry, I can only help with orders and refunds.",
-    "I'm the refund assistant, so I can't help with that one.",
-    "That is outside what I can do here. I handle orders and refunds.",
-    "I can't help with that, sorry. Ask me about an order or a refund.",
-)
-
 
 @dataclass(frozen=True)
 class Architecture:
@@ -108,62 +105,34 @@ class Architecture:
 
 
 @dataclass(frozen=True)
-class BehaviourMix:
-    """Shares of the warm-start replies per prompt category (each category sums to 1).
-
-    with-id: ``lookup`` = lookup_order with the customer's id (the only pass);
-    ``wrong_id`` = lookup_order with one digit changed, dropped or swapped;
-    ``ask`` = asks for the id the customer already gave; ``refund_first`` =
-    create_refund before any lookup. no-id: ``ask`` (pass) or ``invent`` (a
-    lookup with a made-up id). off-topic: ``short`` reply (pass) or ``invent``.
-    """
-
-    with_id_lookup: float = 0.50
-    with_id_wrong_id: float = 0.0
-    with_id_ask: float = 0.30
-    with_id_refund_first: float = 0.20
-    no_id_ask: float = 0.92
-    no_id_invent: float = 0.08
-    off_topic_short: float = 0.96
-    off_topic_invent: float = 0.04
-
-    def shares(self, category: str) -> dict[str, float]:
-        """``{behaviour: share}`` for one prompt category."""
-        prefix = category + "_"
-        return {
-            name[len(prefix) :]: value
-            for name, value in asdict(self).items()
-            if name.startswith(prefix)
-        }
-
-
-@dataclass(frozen=True)
 class StarterRecipe:
     """Everything a starter build depends on; its hash is the cache key."""
 
     name: str = "starter"
     architecture: Architecture = field(default_factory=Architecture)
     mix: BehaviourMix = field(default_factory=BehaviourMix)
-    seed: int = 0
+    seed: int = 0  # the first build seed; the gate tries seed + 1, + 2 ... after it
     data_seed: int = 7919  # not 0: the evaluation's default prompt set is simulate(seed=0)
     corpus_situations: int = 4000
     vocab_size: int = 1024
     skill_steps: int = 200  # phase 1: dialogues answered with the right move only
     mix_steps: int = 100  # phase 2: dialogues answered from the behaviour mix
     fresh_ids: bool = True  # a new random order number each time a dialogue is drawn
-    copy_circuit: bool = True  # an order-id copying circuit wired at init (wire_copy_circuit)
-    freeze_circuit: bool = True  # keep layers 0-1 attention fixed during the warm start
+    copy_circuit: bool = True  # an order-id copy circuit wired at init, its slices reserved
     circuit_match: float = 3.0  # sharpness of the copy head's match (wire_copy_circuit)
-    circuit_quiet: float = 1.0  # scale of layers 0-1's other random branches at init
+    circuit_copy: float = 8.0  # strength of the copy head's write (wire_copy_circuit)
+    circuit_digit_norm: float = 1.0  # digit embeddings' norm, in typical embedding norms
     batch_size: int = 16
     learning_rate: float = 2e-3
     warmup_steps: int = 20
-    weight_decay: float = 0.0  # must stay 0 while freeze_circuit holds weights by zero grads
+    weight_decay: float = 0.0  # must stay 0 while the circuit is held by zero gradients
     max_grad_norm: float = 1.0
-    # "": trained from scratch. A starter name: start from that starter's build, grown
-    # to ``architecture`` without changing its outputs (posttrain.policy.grow), then
-    # trained ``skill_steps + mix_steps`` more steps; the tokenizer is the base's.
-    grow_from: str = ""
+    spec: StarterSpec = field(default_factory=StarterSpec)
+    build_attempts: int = 4  # build seeds tried before the nearest miss is kept
+
+    def __post_init__(self) -> None:
+        if self.build_attempts < 1:
+            raise ValueError(f"build_attempts must be at least 1, got {self.build_attempts}")
 
     @property
     def total_steps(self) -> int:
@@ -172,149 +141,70 @@ class StarterRecipe:
 
     def key(self) -> str:
         """12 hex digits of SHA-256 over the recipe and the build-code version."""
-        recipe = asdict(self)
-        content = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
-        if self.grow_from:  # a new base build means a new grown one
-            content["base_key"] = recipe_for(self.grow_from).key()
-        else:  # recipes from before growing existed keep their key (and their cache)
-            del recipe["grow_from"]
+        content = {"recipe": asdict(self), "code_version": STARTER_CODE_VERSION}
         payload = json.dumps(content, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
+# The mix of both: with-id prompts looked up 25%, asked again 50%, refunded first 25%
+# (docs/policies.md: with this mix and the copy circuit the base policy passes about a
+# third of with-id prompts, two thirds of no-id ones and nearly all off-topic ones).
+STARTER_MIX = BehaviourMix(
+    with_id_lookup=0.25,
+    with_id_ask=0.50,
+    with_id_refund_first=0.25,
+    no_id_ask=0.96,
+    no_id_invent=0.04,
+)
+
 RECIPES: dict[str, StarterRecipe] = {
+    # digit_norm 2: the 1.6M model sharpens the copy less by itself than the 9.1M one
+    # (at 1.0 it picks the right digit pair with probability ~0.1-0.3 and with-id
+    # pass@1 is ~0.05; docs/policies.md)
     "starter-2m": StarterRecipe(
         name="starter-2m",
         architecture=Architecture(hidden_size=128, num_layers=6, intermediate_size=512),
-        skill_steps=230,
-        # 71, not 70: the warm start is sensitive to small changes. Of four builds
-        # differing in one step or one circuit constant, two kept the copy (35/60
-        # ids) and two lost it and mixed up the categories; 70 is one that lost
-        # it. tests/test_starter.py checks the built model's copy rate.
-        mix_steps=71,
-        learning_rate=3e-3,
+        mix=STARTER_MIX,
+        skill_steps=200,
+        mix_steps=100,
+        learning_rate=2e-3,
+        circuit_digit_norm=2.0,
+    ),
+    "starter": StarterRecipe(
+        name="starter",
+        architecture=Architecture(
+            hidden_size=256, num_layers=9, num_heads=8, num_kv_heads=4, intermediate_size=1024
+        ),
+        mix=STARTER_MIX,
+        skill_steps=100,
+        mix_steps=60,
+        learning_rate=1e-3,
+        circuit_digit_norm=1.5,
     ),
 }
 
+_SEEDED_NAME = re.compile(r"^(?P<base>[a-z0-9-]+)@(?P<seed>[0-9]{1,6})$")
 
-# ``starter`` (~9.1M) is grown from the 2M build rather than trained from scratch: a
-# ~10M shape warm-started from scratch with the copy circuit lost the copy in all eight
-# variants tried (at most 3 of 60 ids, greedy; learning rate 7e-4 to 2e-3, the
-# circuit's branches at full, 0.5, 0.3 or 0.1 scale, the match head in layer 1 or
-# last). Grown, it starts as the 2M model exactly (posttrain.policy.grow) and keeps
-# the copy; 100 right-move + 60 mix steps then use the new width. Its mix asks
-# again more often than the 2M one (0.40 against 0.30 of with-id replies): the
-# larger model copies better, and a with-id pass@1 near the seeds' base (~0.3)
-# needs fewer lookups to say so. Of thirteen grown variants (100-200 steps, rates
-# 3e-4 to 2e-3, four mixes) this one is the nearest to the seeds' base policy; the
-# no-id rate is the fragile one (0.50-0.70 on the holdout across variants, 0.57-0.81
-# over 400 situations). docs/policies.md has the measurements.
-RECIPES["starter"] = StarterRecipe(
-    name="starter",
-    architecture=Architecture(
-        hidden_size=256, num_layers=9, num_heads=8, num_kv_heads=4, intermediate_size=1024
-    ),
-    mix=BehaviourMix(
-        with_id_lookup=0.35,
-        with_id_ask=0.40,
-        with_id_refund_first=0.25,
-        no_id_ask=0.96,
-        no_id_invent=0.04,
-    ),
-    skill_steps=100,
-    mix_steps=60,
-    learning_rate=1e-3,
-    grow_from="starter-2m",
-)
+
+def is_starter_name(name: str) -> bool:
+    """True for ``starter``, ``starter-2m`` and their ``NAME@SEED`` forms."""
+    match = _SEEDED_NAME.match(name)
+    return (match["base"] if match else name) in RECIPES
 
 
 def recipe_for(name: str) -> StarterRecipe:
-    """The shipped recipe of a starter name; PosttrainError naming the choices otherwise."""
-    if name not in RECIPES:
+    """The recipe of a starter name (``NAME@SEED``: from build seed SEED); PosttrainError
+    naming the choices otherwise."""
+    match = _SEEDED_NAME.match(name)
+    base = match["base"] if match else name
+    if base not in RECIPES:
         choices = ", ".join(sorted(RECIPES))
-        raise PosttrainError(f"unknown starter model {name!r}; choose one of {choices}")
-    return RECIPES[name]
-
-
-# ---------------------------------------------------------------- dialogues
-
-
-RIGHT_MOVE = {"with_id": "lookup", "no_id": "ask", "off_topic": "short"}
-
-
-def _tool_block(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def _garbled(order_id: str, rng: random.Random) -> str:
-    """``order_id`` with one plausible copying mistake; never the id itself."""
-    digits = order_id.split("-", 1)[1]
-    while True:
-        how = rng.choice(("change", "drop", "swap", "add"))
-        chars = list(digits)
-        spot = rng.randrange(len(chars))
-        if how == "change":
-            chars[spot] = str((int(chars[spot]) + rng.randrange(1, 10)) % 10)
-        elif how == "drop" and len(chars) > 3:
-            del chars[spot]
-        elif how == "swap" and spot + 1 < len(chars):
-            chars[spot], chars[spot + 1] = chars[spot + 1], chars[spot]
-        elif how == "add":
-            chars.insert(spot, str(rng.randrange(10)))
-        candidate = "ORD-" + "".join(chars)
-        if candidate != order_id:
-            return candidate
-
-
-def _reply(behaviour: str, order_id: str | None, rng: random.Random) -> str:
-    invented = f"ORD-{rng.randrange(1000, 10000)}"
-    if behaviour == "lookup":
-        return _tool_block("lookup_order", {"order_id": order_id})
-    if behaviour == "wrong_id":
-        return _tool_block("lookup_order", {"order_id": _garbled(order_id, rng)})
-    if behaviour == "refund_first":
-        amount = rng.choice((9.99, 15.0, 20.0, 24.5, 39.0, 49.99, 60.0))
-        return _tool_block("create_refund", {"order_id": order_id, "amount": amount})
-    if behaviour == "invent":
-        return _tool_block("lookup_order", {"order_id": invented})
-    if behaviour == "ask":
-        return rng.choice(ASK_FOR_ID)
-    if behaviour == "short":
-        return rng.choice(OFF_TOPIC_REPLIES)
-    raise ValueError(f"unknown behaviour {behaviour!r}")
-
-
-def starter_dialogues(recipe: StarterRecipe) -> list[dict[str, Any]]:
-    """Warm-start rows ``{"prompt", "category", "behaviour", "reply"}``, deterministic.
-
-    Prompts come from the template simulator (``recipe.data_seed``); each reply's
-    behaviour is drawn from ``recipe.mix`` for the prompt's category.
-    """
-    rng = random.Random(recipe.data_seed)
-    rows = []
-    for record in simulate(recipe.corpus_situations, seed=recipe.data_seed):
-        shares = recipe.mix.shares(record["category"])
-        names = sorted(shares)
-        behaviour = rng.choices(names, weights=[shares[n] for n in names])[0]
-        order_id = normalize_order_id(record["prompt"])
-        rows.append(
-            {
-                "prompt": record["prompt"],
-                "category": record["category"],
-                "behaviour": behaviour,
-                "reply": _reply(behaviour, order_id, rng),
-                "right_reply": _reply(RIGHT_MOVE[record["category"]], order_id, rng),
-            }
+        raise PosttrainError(
+            f"unknown starter model {name!r}; choose one of {choices} (or NAME@SEED for "
+            "another build seed, e.g. starter@3)"
         )
-    return rows
-
-
-def render_chatml(system: str, prompt: str, reply: str) -> str:
-    """One dialogue as ChatML text (what the tokenizer is trained on)."""
-    return (
-        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
-        f"<|im_start|>assistant\n{reply}<|im_end|>\n"
-    )
+    recipe = RECIPES[base]
+    return replace(recipe, seed=int(match["seed"])) if match else recipe
 
 
 # ---------------------------------------------------------------- tokenizer and model
@@ -386,9 +276,10 @@ def new_model(
     copy_circuit: bool = False,
     *,
     match: float = 3.0,
-    quiet: float = 1.0,
-) -> Any:
-    """A freshly initialised decoder sized for ``tokenizer`` (see the note on the architecture).
+    copy: float = 8.0,
+    digit_norm: float = 1.0,
+) -> tuple[Any, CopyCircuit | None]:
+    """A freshly initialised decoder sized for ``tokenizer``, and its copy circuit (or None).
 
     It is the Qwen2 decoder (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
     attention, tied embeddings) saved as ``model_type: llama``. The reason is the
@@ -396,7 +287,7 @@ def new_model(
     builds ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer with Qwen's
     word-splitting regex and silently tokenises the starter's text differently
     from training. For a ``llama`` folder it loads ``tokenizer.json`` as saved.
-    (Qwen2 adds biases to the q/k/v projections; this model has none.)
+    (The attention projections carry biases: the circuit's position head uses them.)
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -423,175 +314,20 @@ def new_model(
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = None
+    circuit = None
     if copy_circuit:
         sink_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
-        wire_copy_circuit(model, seed, *id_token_ids(tokenizer), sink_id, match=match, quiet=quiet)
-    return model
-
-
-def id_token_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """(digit-chunk token ids, order-id prefix token ids) of a starter tokenizer.
-
-    The prefixes are the tokens right before the number in each way a customer
-    spells an order id (``ORD-``, ``ord_``, ``#ORD-`` ...), read off the tokenizer.
-    """
-    digits = sorted(i for token, i in tokenizer.get_vocab().items() if token.isdigit())
-    prefixes = set()
-    for spelling in ID_SPELLINGS:
-        ids = tokenizer.encode(spelling.format(n=4017), add_special_tokens=False)
-        first_digit = next(k for k, i in enumerate(ids) if i in set(digits))
-        prefixes.add(ids[first_digit - 1])
-    return digits, sorted(prefixes)
-
-
-def wire_copy_circuit(
-    model: Any,
-    seed: int,
-    digit_ids: list[int],
-    prefix_ids: list[int],
-    sink_id: int,
-    *,
-    sharpness: float = 60.0,
-    match: float = 3.0,
-    copy: float = 8.0,
-    sink: float = 8.0,
-    max_turn: float = 0.015,
-    match_pairs: int = 12,
-    quiet: float = 1.0,
-) -> None:
-    """Wire an order-id copying circuit into head 0 of layers 0 and 1 at initialisation.
-
-    Why: passing a with-id prompt means copying the customer's order number into
-    the tool call. A model this small, trained for the few hundred steps a
-    5-minute build allows, does not find a copying circuit by itself (measured
-    on starter-2m: a greedy copy rate of 0/60 after 300 steps, 6/60 after 900
-    steps, with or without a phase of copy-only training). A generic copy circuit
-    wired by hand does not survive the warm start either: it copies every token,
-    the loss pays for undoing that, and the embeddings move until it is gone. So
-    this circuit copies digits only, and training only tunes the model around it.
-
-    The layout of the hidden space (a random orthonormal basis): ``C``, one
-    head-width slice where the digit-chunk tokens (and the id prefixes, which all
-    share one direction so ``ord_`` matches ``ORD-``) have their embeddings; ``B``,
-    where layer 0 writes "the previous token's C content"; the rest for every
-    other token.
-
-    - layer 0, head 0 attends one token back: zero query/key weights, constant
-      biases, so the rotary score ``sum_j a^2 cos(theta_j (d - 1))`` over the
-      fastest frequencies peaks at distance 1 (``sharpness`` 60: 0.99 of the
-      weight). It writes ``C^T x`` of the previous token into ``B``.
-    - layer 1, head 0 matches and copies: the query reads the current token's
-      ``C`` content, the key the previous-token slot ``B``, both on slow rotary
-      dimensions so the match favours the nearest occurrence; the value
-      ``C^T x`` is written back into ``C``. After ``ORD-`` in a tool call it
-      attends to the token after the prefix in the prompt (the first digit chunk)
-      and raises that chunk's logit through the tied embedding; after a chunk,
-      the chunk that followed it. On any other token the query has no digit
-      content and the head rests on ``<|im_start|>`` (an attention sink: every
-      query scores ``sink`` nats on it), whose value is empty.
-
-    The weights stay ordinary parameters of a standard decoder. Layers 0 and 1's
-    attention is held fixed during the warm start (``supervised_warm_start``).
-    """
-    import torch
-
-    config = model.config
-    hidden = config.hidden_size
-    head_dim = hidden // config.num_attention_heads
-    half = head_dim // 2
-    rope_base = config.rope_parameters["rope_theta"]
-    theta = rope_base ** (-torch.arange(half, dtype=torch.float32) * 2 / head_dim)
-    generator = torch.Generator().manual_seed(seed + 3)
-    basis, _ = torch.linalg.qr(torch.randn(hidden, hidden, generator=generator))
-    copy_slice, previous_slot = basis[:, :head_dim], basis[:, head_dim : 2 * head_dim]
-    rest = basis[:, 2 * head_dim :]
-    # rotary pairs used by the position head (the fastest) and by the match: slow
-    # ones, at most 0.015 rad a token, so a match 30 tokens back scores ~0.9 of one
-    # next door and one 80 back ~0.4. That recency is what makes the copy take
-    # the customer's id rather than the example id (ORD-4017) in the system prompt.
-    fast = min(8, half // 2)
-    slow_pairs = [j for j in range(fast, half) if theta[j] <= max_turn][:match_pairs]
-    slow = len(slow_pairs)
-    amplitude = math.sqrt(sharpness * math.sqrt(head_dim) / fast)
-    slow_dims = [*slow_pairs, *(half + j for j in slow_pairs)]
-    squeeze = torch.randn(2 * slow, head_dim, generator=generator) / math.sqrt(head_dim)
-    embeddings = model.model.embed_tokens.weight
-    with torch.no_grad():
-        scale = embeddings.std().item() * math.sqrt(hidden)  # a typical embedding's norm
-        embeddings.copy_((embeddings @ rest) @ rest.T)
-        embeddings.mul_(scale / embeddings.norm(dim=1, keepdim=True).clamp_min(1e-12))  # pad row: 0
-        directions = torch.randn(len(digit_ids) + 1, head_dim, generator=generator)
-        directions = directions / directions.norm(dim=1, keepdim=True)
-        embeddings[digit_ids] = scale * directions[:-1] @ copy_slice.T
-        embeddings[prefix_ids] = scale * directions[-1:] @ copy_slice.T
-        sink_direction = rest[:, 0]
-        embeddings[sink_id] = scale * sink_direction
-        position = model.model.layers[0].self_attn
-        query, key = torch.zeros(head_dim), torch.zeros(head_dim)
-        query[:fast] = amplitude
-        key[:fast] = amplitude * torch.cos(theta[:fast])
-        key[half : half + fast] = amplitude * torch.sin(theta[:fast])
-        position.q_proj.weight[:head_dim] = 0.0
-        position.q_proj.bias[:head_dim] = query
-        position.k_proj.weight[:head_dim] = 0.0
-        position.k_proj.bias[:head_dim] = key
-        position.v_proj.weight[:head_dim] = copy_slice.T
-        # heads 0 and 1 share key/value head 0 (grouped-query attention): head 1's
-        # output starts at zero in both layers so it cannot blur the circuit
-        position.o_proj.weight[:, : 2 * head_dim] = 0.0
-        position.o_proj.weight[:, :head_dim] = previous_slot * (scale / math.sqrt(hidden))
-        matcher = model.model.layers[1].self_attn
-        reads_token, reads_previous = torch.zeros(head_dim, hidden), torch.zeros(head_dim, hidden)
-        reads_token[slow_dims] = match * squeeze @ copy_slice.T
-        reads_previous[slow_dims] = match * squeeze @ previous_slot.T
-        # the sink: a constant query part that only the sink token's key answers
-        sink_query = torch.zeros(head_dim)
-        sink_query[slow_dims] = 1.0 / math.sqrt(2 * slow)
-        # (the normed sink embedding is sqrt(hidden) * sink_direction)
-        sink_key = sink * math.sqrt(head_dim) / math.sqrt(hidden)
-        reads_previous += sink_key * torch.outer(sink_query, sink_direction)
-        matcher.q_proj.weight[:head_dim] = reads_token
-        matcher.q_proj.bias[:head_dim] = sink_query
-        matcher.k_proj.weight[:head_dim] = reads_previous
-        matcher.v_proj.weight[:head_dim] = copy_slice.T
-        matcher.o_proj.weight[:, : 2 * head_dim] = 0.0
-        matcher.o_proj.weight[:, :head_dim] = copy * copy_slice
-        # ``quiet`` scales everything else in layers 0 and 1: their random output
-        # blurs the previous-token slot (on the 10M shape at initialisation, 0.53 of
-        # ids copied at full size, 0.78 at 0.3, 1.0 at 0.1; the 2M shape copies
-        # 0.85 at full size)
-        for layer in model.model.layers[:2]:
-            layer.self_attn.o_proj.weight[:, 2 * head_dim :] *= quiet
-            layer.mlp.down_proj.weight.mul_(quiet)
-        for attention in (position, matcher):
-            for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
-                projection.bias[head_dim:] = 0.0
-            attention.o_proj.bias.zero_()
-        for projection in (matcher.k_proj, matcher.v_proj):
-            projection.bias[:head_dim] = 0.0
-        position.v_proj.bias[:head_dim] = 0.0
-
-
-def id_copy_rate(model: Any, tokenizer: Any, prompts: list[str]) -> float:
-    """Share of with-id ``prompts`` whose order number the model copies into a lookup call.
-
-    Teacher-forced and greedy: the reply is forced up to ``"order_id": "ORD-`` and every
-    token of the customer's number must be the model's top choice. It measures the copy
-    alone, apart from whether the policy chooses to call the tool.
-    """
-    import torch
-
-    call = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "'
-    copied = 0
-    for prompt in prompts:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-        chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(chat + call + normalize_order_id(prompt), return_tensors="pt").input_ids
-        start = len(tokenizer(chat + call + "ORD-").input_ids)
-        with torch.no_grad():
-            predicted = model(ids).logits[0, start - 1 : -1].argmax(-1)
-        copied += bool((predicted == ids[0, start:]).all())
-    return copied / len(prompts)
+        circuit = wire_copy_circuit(
+            model,
+            seed,
+            *id_token_ids(tokenizer),
+            sink_id,
+            match=match,
+            copy=copy,
+            digit_norm=digit_norm,
+        )
+        setattr(model.config, FROZEN_MODULES_KEY, circuit.frozen_module_names())
+    return model, circuit
 
 
 # ---------------------------------------------------------------- supervised warm start
@@ -616,29 +352,6 @@ def _encode_rows(
         reply_ids = [*tokenizer.encode(row[field], add_special_tokens=False), eos_id]
         encoded.append((prompt_ids + reply_ids, len(prompt_ids)))
     return encoded
-
-
-_SPELLED_ID = re.compile(r"(\bORD[-_ ]?)(\d{3,6})\b", re.IGNORECASE)
-
-
-def with_fresh_id(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """``row`` with its order number replaced by a new random one, in prompt and replies.
-
-    The customer's spelling (``ord_991``, ``#ORD-991`` ...) is kept. 4,000
-    situations hold only a few thousand ids; drawn afresh, no id repeats, so the
-    only way to lower the loss on the id is to copy it from the prompt rather
-    than to remember which id goes with which sentence.
-    """
-    match = _SPELLED_ID.search(row["prompt"])
-    if match is None:
-        return row
-    old = match.group(2)
-    new = str(rng.randrange(10 ** (len(old) - 1), 10 ** len(old)))
-    fresh = dict(row)
-    fresh["prompt"] = row["prompt"][: match.start(2)] + new + row["prompt"][match.end(2) :]
-    for name in ("reply", "right_reply"):
-        fresh[name] = row[name].replace(f"ORD-{old}", f"ORD-{new}")
-    return fresh
 
 
 def _learning_rate(step: int, recipe: StarterRecipe) -> float:
@@ -669,6 +382,9 @@ def supervised_warm_start(
     tokenizer: Any,
     rows: list[dict[str, Any]],
     recipe: StarterRecipe,
+    *,
+    seed: int,
+    circuit: CopyCircuit | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place through both phases; returns the loss per step.
@@ -676,25 +392,17 @@ def supervised_warm_start(
     Phase 1 (``skill_steps``): dialogues answered with the right move. Phase 2
     (``mix_steps``): dialogues answered from the behaviour mix. One AdamW
     optimizer and one learning-rate schedule span both. Dialogues are drawn by a
-    seeded shuffle over epochs (with ``fresh_ids``, each draw gets a new order
-    number); the loss covers only reply tokens. With ``copy_circuit`` and
-    ``freeze_circuit``, layers 0 and 1's attention is not trained here.
+    shuffle over epochs seeded by ``seed`` (with ``fresh_ids``, each draw gets a
+    new order number); the loss covers only reply tokens. With a ``circuit``, its
+    layers' attention is not trained and its slices stay reserved (enforced after
+    every step).
     """
     import torch
 
     right = _encode_rows(tokenizer, rows, "right_reply") if not recipe.fresh_ids else []
     mixed = _encode_rows(tokenizer, rows, "reply") if not recipe.fresh_ids else []
-    order_rng, id_rng = random.Random(recipe.seed), random.Random(recipe.seed + 2)
-    hooks = []
-    if recipe.copy_circuit and recipe.freeze_circuit:
-        # trained, the wired heads drift within the first steps (measured: layer 0's
-        # weight one token back fell from 0.99 to 0.53 in 300 steps). Layers 0 and
-        # 1's attention get a zero gradient; with no weight decay AdamW then leaves
-        # them exactly as they are. (Holding only the wired heads and training the
-        # others beside them was tried: the copying was lost, 0/60 ids.)
-        for layer in model.model.layers[:2]:
-            for parameter in layer.self_attn.parameters():
-                hooks.append(parameter.register_hook(torch.zeros_like))
+    order_rng, id_rng = random.Random(seed), random.Random(seed + 2)
+    hooks = circuit.freeze_attention(model) if circuit is not None else []
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=recipe.learning_rate,
@@ -725,6 +433,8 @@ def supervised_warm_start(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
         optimizer.step()
+        if circuit is not None:
+            circuit.enforce(model)
         losses.append(loss.item())
         if on_step is not None:
             on_step(step + 1, losses[-1])
@@ -760,10 +470,11 @@ def build_starter(
     """Build (or find in the cache) a starter model; returns its folder.
 
     The folder is a normal transformers folder (``from_pretrained`` loads it)
-    plus ``recipe.json`` and ``build.json`` (timings, final loss, behaviour
-    counts). ``force`` rebuilds even when cached. ``recipe`` overrides the
-    shipped recipe of ``name`` (tests use smaller ones). Concurrent builds of
-    the same recipe are serialised by a lock file next to the folder.
+    plus ``recipe.json`` and ``build.json`` (the gate's verdict, every build seed
+    tried with its probe, timings, behaviour counts). ``force`` rebuilds even when
+    cached. ``recipe`` overrides the recipe of ``name`` (tests use smaller ones).
+    Concurrent builds of the same recipe are serialised by a lock file next to
+    the folder.
     """
     recipe = recipe or recipe_for(name)
     folder = starter_folder(recipe.name, recipe=recipe)
@@ -794,8 +505,8 @@ def _build_lock(folder: Path) -> Iterator[None]:
 def _build(recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool) -> Path:
     import torch
 
-    # A fixed thread count: the weights then do not depend on the machine's core
-    # count (a different split of a sum rounds differently).
+    # A fixed thread count: on one machine the weights then do not depend on its
+    # core count (a different split of a sum rounds differently).
     threads = torch.get_num_threads()
     torch.set_num_threads(BUILD_THREADS)
     try:
@@ -804,29 +515,101 @@ def _build(recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool
         torch.set_num_threads(threads)
 
 
+@dataclass
+class _Attempt:
+    """One build seed's trained model and what the gate found."""
+
+    seed: int
+    model: Any
+    probe: StarterProbe
+    failures: list[str]
+    losses: list[float]
+    seconds: float
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "probe": self.probe.to_dict(),
+            "failures": self.failures,
+            "final_loss": sum(self.losses[-10:]) / len(self.losses[-10:]) if self.losses else None,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _train_one_seed(
+    recipe: StarterRecipe,
+    seed: int,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    label: str,
+    show_progress: bool,
+) -> _Attempt:
+    started = time.monotonic()
+    model, circuit = new_model(
+        tokenizer,
+        recipe.architecture,
+        seed,
+        recipe.copy_circuit,
+        match=recipe.circuit_match,
+        copy=recipe.circuit_copy,
+        digit_norm=recipe.circuit_digit_norm,
+    )
+    with progress_bar(label, recipe.total_steps, enabled=show_progress) as bar:
+        losses = supervised_warm_start(
+            model, tokenizer, rows, recipe, seed=seed, circuit=circuit,
+            on_step=lambda step, _: bar(step),
+        )  # fmt: skip
+    probe = probe_policy(model, tokenizer)
+    failures = recipe.spec.failures(probe)
+    return _Attempt(seed, model, probe, failures, losses, time.monotonic() - started)
+
+
 def _build_on_fixed_threads(
     recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool
 ) -> Path:
     import torch
 
     started = time.monotonic()
-    rows = starter_dialogues(recipe)
-    if recipe.grow_from:
-        model, tokenizer = _grown_model(recipe, show_progress)
-    else:
-        texts = [render_chatml(SYSTEM, row["prompt"], row["reply"]) for row in rows]
-        tokenizer = train_tokenizer(texts, recipe.vocab_size)
-        model = new_model(
-            tokenizer,
-            recipe.architecture,
-            recipe.seed,
-            recipe.copy_circuit,
-            match=recipe.circuit_match,
-            quiet=recipe.circuit_quiet,
-        )
+    rows = starter_dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
+    texts = [render_chatml(SYSTEM, row["prompt"], row["reply"]) for row in rows]
+    tokenizer = train_tokenizer(texts, recipe.vocab_size)
     tokenizer_seconds = time.monotonic() - started
-    with progress_bar(f"building {recipe.name}", recipe.total_steps, enabled=show_progress) as bar:
-        losses = supervised_warm_start(model, tokenizer, rows, recipe, lambda step, _: bar(step))
+    attempts: list[dict[str, Any]] = []
+    chosen: _Attempt | None = None
+    for number in range(recipe.build_attempts):
+        seed = recipe.seed + number
+        label = f"building {recipe.name} (build seed {seed})"
+        attempt = _train_one_seed(recipe, seed, tokenizer, rows, label, show_progress)
+        attempts.append(attempt.record())
+        if chosen is None or recipe.spec.distance(attempt.probe) < recipe.spec.distance(
+            chosen.probe
+        ):
+            chosen = attempt
+        if not attempt.failures:
+            _say(f"{recipe.name}: build seed {seed} meets the spec ({attempt.probe.describe()})")
+            break
+        retry = (
+            f"; rebuilding from build seed {seed + 1} ({number + 2} of {recipe.build_attempts})"
+            if number + 1 < recipe.build_attempts
+            else ""
+        )
+        _say(
+            f"{recipe.name}: build seed {seed} is outside the spec "
+            f"({'; '.join(attempt.failures)}){retry}"
+        )
+    assert chosen is not None  # build_attempts >= 1 (StarterRecipe checks it)
+    gate = "passed" if not chosen.failures else "failed"
+    if gate == "failed":
+        _say(
+            f"{recipe.name}: no build seed in {recipe.seed}-{recipe.seed + len(attempts) - 1} "
+            f"met the spec; keeping build seed {chosen.seed}, the nearest "
+            f"({chosen.probe.describe()}). Training on it may not behave as documented; "
+            "`posttrain model info` shows the probe."
+        )
     counts: dict[str, int] = {}
     for row in rows:
         key = f"{row['category']}/{row['behaviour']}"
@@ -835,46 +618,21 @@ def _build_on_fixed_threads(
         "name": recipe.name,
         "key": recipe.key(),
         "code_version": STARTER_CODE_VERSION,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "gate": gate,
+        "build_seed": chosen.seed,
+        "probe": chosen.probe.to_dict(),
+        "attempts": attempts,
+        "parameters": sum(p.numel() for p in chosen.model.parameters()),
         "vocab_size": len(tokenizer),
         "dialogues": len(rows),
         "behaviour_counts": dict(sorted(counts.items())),
-        "final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "final_loss": chosen.record()["final_loss"],
         "seconds": round(time.monotonic() - started, 1),
         "tokenizer_seconds": round(tokenizer_seconds, 2),
         "torch_threads": torch.get_num_threads(),
     }
-    _save_atomically(folder, model, tokenizer, recipe, build, force)
+    _save_atomically(folder, chosen.model, tokenizer, recipe, build, force)
     return folder
-
-
-def _grown_model(recipe: StarterRecipe, show_progress: bool) -> tuple[Any, Any]:
-    """The base starter's build (built first if needed), grown to ``recipe.architecture``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from posttrain.policy.grow import grow_llama
-
-    base_folder = build_starter(recipe.grow_from, show_progress=show_progress)
-    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(base_folder)
-    shape = recipe.architecture
-    model = grow_llama(
-        base,
-        hidden_size=shape.hidden_size,
-        num_layers=shape.num_layers,
-        intermediate_size=shape.intermediate_size,
-        seed=recipe.seed,
-        frozen_attention_layers=2 if recipe.copy_circuit and recipe.freeze_circuit else 0,
-    )
-    heads = (model.config.num_attention_heads, model.config.num_key_value_heads)
-    if heads != (shape.num_heads, shape.num_kv_heads):
-        raise PosttrainError(
-            f"starter recipe {recipe.name!r}: growing {recipe.grow_from} keeps its head size, "
-            f"so {shape.hidden_size} wide means {heads[0]} heads / {heads[1]} KV heads, "
-            f"not {shape.num_heads} / {shape.num_kv_heads}"
-        )
-    return model, tokenizer
 
 
 def _save_atomically(

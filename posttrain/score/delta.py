@@ -23,6 +23,7 @@ Random streams: the target uses ``seed``, guard i ``seed + 1 + i``, group i
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -39,14 +40,15 @@ from posttrain.score.passat import (
     has_marker,
     mean_rate,
     pass_at,
+    scenario_key,
     scenario_means,
     tool_call_rate,
 )
 
 # category_table and GroupStats live with the single-run statistics; re-exported here.
-__all__ = ["DeltaReport", "GroupDelta", "GroupStats", "GuardStats", "NoiseBand",
+__all__ = ["RUN_GUARDS", "DeltaReport", "GroupDelta", "GroupStats", "GuardStats", "NoiseBand",
            "PairedDifference", "category_table", "delta", "min_group_scenarios", "noise_band",
-           "paired_difference", "split_by_eval_run"]
+           "paired_difference", "run_verdict", "split_by_eval_run"]
 
 
 def min_group_scenarios(alpha: float = 0.05) -> int:
@@ -227,8 +229,8 @@ def _compare_guard(name: str, before: Sequence[Row], after: Sequence[Row], *, n_
 
 
 def _compare_groups(before: Sequence[Row], after: Sequence[Row], by: str, value: ValueSpec,
-                    noise: NoiseBand | None, *, n_boot: int, seed: int,
-                    alpha: float) -> list[GroupDelta]:
+                    noise: NoiseBand | None, *, n_boot: int, seed: int, alpha: float,
+                    pooled: dict[str, int]) -> list[GroupDelta]:
     groups_before, groups_after = group_rows(before, by), group_rows(after, by)
     names = [name for name in groups_before if name in groups_after]
     result = []
@@ -237,7 +239,7 @@ def _compare_groups(before: Sequence[Row], after: Sequence[Row], by: str, value:
         paired = paired_difference(scenario_means(rows_before, value),
                                    scenario_means(rows_after, value),
                                    n_boot=n_boot, seed=seed + 100 + index, alpha=alpha)
-        band = noise.band_for(paired.shared) if noise is not None else None
+        band = noise.band_for(paired.shared, **pooled) if noise is not None else None
         result.append(GroupDelta(
             name=name, before=mean_rate(rows_before, value), after=mean_rate(rows_after, value),
             delta=paired.delta, ci95=paired.ci95, n_paired=len(paired.shared),
@@ -250,9 +252,10 @@ def _compare_groups(before: Sequence[Row], after: Sequence[Row], by: str, value:
     return result
 
 
-def _applied_band(noise: NoiseBand | None, shared: list[str],
-                  warnings: list[str]) -> float | None:
-    """The band for this comparison's paired scenarios; notes what is missing or odd."""
+def _applied_band(noise: NoiseBand | None, shared: list[str], warnings: list[str], *,
+                  before_evaluations: int, after_evaluations: int) -> float | None:
+    """The band for this comparison's paired scenarios and pooled evaluations; notes what
+    is missing or odd."""
     if noise is None or noise.band is None:
         warnings.append(noise.note if noise is not None and noise.n_repeats >= 2 else
                         "no noise band: 1 evaluation (re-evaluate the base policy with 2 or "
@@ -262,11 +265,12 @@ def _applied_band(noise: NoiseBand | None, shared: list[str],
         warnings.append(f"two evaluations of the base policy differ by "
                         f"{noise.max_repeat_delta:.2f}, more than the noise band "
                         f"±{noise.band:.2f}; check that they differ only in the sampling seed")
-    band = noise.band_for(shared)
+    pooled = {"before_evaluations": before_evaluations, "after_evaluations": after_evaluations}
+    band = noise.band_for(shared, **pooled)
     if band is None:
         warnings.append("the noise repeats share too few scenarios with this comparison; "
                         "using their overall band")
-        return noise.band
+        return noise.band_for(**pooled)
     return band
 
 
@@ -283,6 +287,19 @@ def _check_guards(guards: Sequence[str], before: list[Row], after: list[Row],
         result.append(_compare_guard(name, before, after, n_boot=n_boot,
                                      seed=seed + 1 + index, alpha=alpha))
     return result
+
+
+def _evaluations(rows: Sequence[Row]) -> int:
+    """How many evaluation runs (``eval_run`` values) the rows pool."""
+    return len({row.get("eval_run", 0) for row in rows})
+
+
+def _samples_per_evaluation(rows: Sequence[Row]) -> int | None:
+    """Samples per prompt within one evaluation run (None when uneven)."""
+    counts = Counter((row.get("eval_run", 0), scenario_key(row), str(row.get("prompt", "")))
+                     for row in rows)
+    sizes = set(counts.values())
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def delta(before: Iterable[Row], after: Iterable[Row], *, target: str = "pass_at_1",
@@ -312,7 +329,8 @@ def delta(before: Iterable[Row], after: Iterable[Row], *, target: str = "pass_at
     comparable = n_paired > 0 and 2 * n_paired >= n_union
     warnings: list[str] = []
 
-    band = _applied_band(noise_stats, paired.shared, warnings)
+    pooled = {"before_evaluations": _evaluations(before), "after_evaluations": _evaluations(after)}
+    band = _applied_band(noise_stats, paired.shared, warnings, **pooled)
     verdict = _verdict(paired, band) if comparable else "NOT COMPARABLE"
     if not comparable:
         warnings.append(f"NOT COMPARABLE: only {n_paired} of {n_union} scenarios were "
@@ -322,10 +340,10 @@ def delta(before: Iterable[Row], after: Iterable[Row], *, target: str = "pass_at
                         f"{paired.only_after} only after were left out of the paired delta")
     if 0 < n_paired < 3:
         warnings.append(f"no interval: {n_paired} paired scenario(s), a bootstrap needs 3")
-    if before_stats.samples_per_prompt != after_stats.samples_per_prompt:
-        warnings.append(f"samples per prompt differ (before {before_stats.samples_per_prompt}, "
-                        f"after {after_stats.samples_per_prompt}); the sides are not "
-                        f"equally noisy")
+    per_run_before, per_run_after = _samples_per_evaluation(before), _samples_per_evaluation(after)
+    if per_run_before != per_run_after:
+        warnings.append(f"samples per prompt and evaluation differ (before {per_run_before}, "
+                        f"after {per_run_after}); the noise band assumes they match")
 
     guard_stats = _check_guards(guards, before, after, warnings, n_boot=n_boot, seed=seed,
                                 alpha=alpha)
@@ -338,7 +356,7 @@ def delta(before: Iterable[Row], after: Iterable[Row], *, target: str = "pass_at
     groups = []
     if by is not None:
         groups = _compare_groups(before, after, by, value, noise_stats, n_boot=n_boot,
-                                 seed=seed, alpha=alpha)
+                                 seed=seed, alpha=alpha, pooled=pooled)
     groups_down = [g.name for g in groups if g.down]
     warnings.extend(f"{by} {g.name} went DOWN: {g.delta:+.2f} "
                     f"[{g.ci95[0]:+.2f}, {g.ci95[1]:+.2f}]" for g in groups if g.down)
@@ -368,3 +386,20 @@ def delta(before: Iterable[Row], after: Iterable[Row], *, target: str = "pass_at
         alpha=alpha, by=by,
     )
 
+
+
+#: guard markers a training run's verdict checks (they must not fall)
+RUN_GUARDS = ("well_formed",)
+
+
+def run_verdict(before: Iterable[Row], after: Iterable[Row], *,
+                noise: NoiseBand | Sequence[Sequence[Row]] | None = None,
+                guards: Sequence[str] = RUN_GUARDS, seed: int = 0) -> DeltaReport:
+    """The verdict of a training run: the one function the recipes' report and
+    ``posttrain eval --compare`` both call, so a run's own row files give its verdict.
+
+    ``before``: every base evaluation's rows (their ``eval_run`` repeats are pooled on
+    the before side and give the noise band); ``after``: the trained policy's rows.
+    Grouped by category, guards ``RUN_GUARDS``.
+    """
+    return delta(before, after, guards=guards, by="category", noise=noise, seed=seed)

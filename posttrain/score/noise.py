@@ -11,8 +11,11 @@ scenarios carry the degrees of freedom, so two repeats already give a usable ban
 ddof=1 spread is centred, so it cannot see a uniform shift between repeats; a repeat-to-
 repeat delta larger than the band is therefore reported as a warning.
 run_std (sd of the repeats' pass@1), each repeat's pass@1 and the largest repeat-to-
-repeat delta are reported beside it. With one evaluation there is no band: ``moved``
-rests on the interval alone and the report says "no noise band: 1 evaluation".
+repeat delta are reported beside it. ``band`` is for single evaluations on both sides;
+a comparison whose before side pools the R repeats (the recipes and ``eval --compare``
+do) applies ``band_for(..., before_evaluations=R)``, sqrt((1/R + 1)/2) of it. With one
+evaluation there is no band: ``moved`` rests on the interval alone and the report says
+"no noise band: 1 evaluation".
 """
 
 from __future__ import annotations
@@ -63,13 +66,21 @@ class NoiseBand(JsonRecord):
             return None
         return math.sqrt(sum(variances) / len(variances)), min(counts)
 
-    def band_for(self, scenarios: Iterable[str] | None = None) -> float | None:
-        """Band for a delta over ``scenarios`` (all when None): t_{n-1} * sd / sqrt(n)."""
+    def band_for(self, scenarios: Iterable[str] | None = None, *, before_evaluations: int = 1,
+                 after_evaluations: int = 1) -> float | None:
+        """Band for a delta over ``scenarios`` (all when None): t_{n-1} * sd / sqrt(n).
+
+        ``sd`` is that of a difference between two single evaluations (2 sigma^2 per
+        scenario). When a side pools several evaluations its sampling noise shrinks:
+        the band is scaled by ``sqrt((1 / before + 1 / after) / 2)`` (0.87 for a
+        before side of 2 pooled evaluations against 1 after).
+        """
         spread = self.null_spread(scenarios)
         if spread is None:
             return None
         sd, count = spread
-        return stats.t_critical(count - 1, self.level) * sd / math.sqrt(count)
+        pooled = math.sqrt((1.0 / before_evaluations + 1.0 / after_evaluations) / 2.0)
+        return stats.t_critical(count - 1, self.level) * sd / math.sqrt(count) * pooled
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict, without the per-scenario differences."""

@@ -74,15 +74,11 @@ def new_peft_model(base: Any, spec: LoraSpec) -> Any:
     leaves the process's random state as it was.
     """
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        lora_dropout=0.0,
-        target_modules=list(spec.target_modules),
-        task_type="CAUSAL_LM",
-    )
+    from posttrain.policy.models import lora_config
+
+    config = lora_config(base, spec.rank, spec.alpha, spec.target_modules)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = get_peft_model(shared_copy(base), config, adapter_name=ADAPTER_NAME)

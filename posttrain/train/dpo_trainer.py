@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.policy.models import LORA_TARGET_MODULES, Policy
+from posttrain.policy.models import Policy, lora_config
 from posttrain.train.dpo import DPOSettings, dpo_config_kwargs
 from posttrain.train.grpo_trainer import quiet_transformers_warnings
 from posttrain.train.pairs import (
@@ -121,18 +121,11 @@ def build_dpo_trainer(
     output_dir: str | None = None,
 ) -> Any:
     """A ready-to-train ``trl.DPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
-    from peft import LoraConfig
     from transformers import PrinterCallback
     from trl import DPOConfig, DPOTrainer
 
     output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-dpo-")
-    lora = LoraConfig(
-        r=settings.lora_rank,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=list(LORA_TARGET_MODULES),
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     policy.model.train()
     with quiet_transformers_warnings():
         config = DPOConfig(**dpo_config_kwargs(settings, learning_rate, output_dir, policy.device))
@@ -150,31 +143,6 @@ def build_dpo_trainer(
     return trainer
 
 
-def settle_learning_rate(context: Any) -> float:
-    """The rate DPO trains with: ``--learning-rate``, else DPO's default for the model size.
-
-    The shared flow resolves a default before the recipe's step runs. Where it used the
-    GRPO table (``run_recipe`` does not yet ask the settings for their default), the
-    context, ``config.json`` and the console are corrected here, so the run's records
-    say which rate trained; where it already asked, this changes nothing.
-    """
-    from posttrain.policy.models import parameter_count
-
-    settings: DPOSettings = context.settings
-    if settings.learning_rate:
-        return settings.learning_rate
-    rate = settings.default_learning_rate(parameter_count(context.policy.model))
-    if rate != context.learning_rate:
-        context.learning_rate = rate
-        config = context.folder.read_json("config.json")
-        config["resolved"]["learning_rate"] = rate
-        config["resolved"]["learning_rate_source"] = "DPO default for model size"
-        context.folder.write_json("config.json", config)
-        context.say(f"learning rate for DPO: {rate:g} (DPO default for model size)")
-        context.run.note(f"learning rate for DPO: {rate:g} (DPO default for model size)")
-    return rate
-
-
 def train_dpo(context: Any) -> Any:
     """The DPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
     from posttrain.policy.models import save_policy
@@ -183,7 +151,7 @@ def train_dpo(context: Any) -> Any:
     from posttrain.train.recipe import TrainOutcome
 
     settings: DPOSettings = context.settings
-    learning_rate = settle_learning_rate(context)
+    learning_rate = context.learning_rate
     if settings.from_run:
         # the policy is the earlier run's adapter merged into its base: keep it, so a
         # third round (or serving) can load it without redoing the merge

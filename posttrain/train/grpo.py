@@ -33,7 +33,7 @@ from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-STOP_ON_ALARMS = ("feature", "length")
+STOP_ON_ALARMS = ("hack", "length")
 
 
 @dataclass
@@ -87,8 +87,16 @@ class GRPOSettings(RecipeSettings):
     stop_on: str = field(
         default="",
         metadata={
-            "help": "alarms that end the run: feature, length, or both comma-separated",
+            "help": "alarms that end the run: hack, length, or both comma-separated",
             "metavar": "ALARMS",
+        },
+    )
+    reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "train on this reward instead of the environment's rule: module:function, "
+            "fn(reply, case) -> float; the holdout is still graded by the rule",
+            "metavar": "MODULE:FUNCTION",
         },
     )
     run_name: str = field(
@@ -126,7 +134,7 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     unknown = [a for a in settings.stop_on_alarms() if a not in STOP_ON_ALARMS]
     if unknown:
         raise PosttrainError(
-            f"--stop-on {','.join(unknown)}: unknown alarm; use feature, length or both"
+            f"--stop-on {','.join(unknown)}: unknown alarm; use hack, length or both"
         )
     if settings.temperature <= 0:
         raise PosttrainError(f"--temperature must be above 0, got {settings.temperature}")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from posttrain.envs.base import Env
-from posttrain.policy.models import LORA_TARGET_MODULES, Policy
+from posttrain.policy.models import Policy, lora_config
 from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
 from posttrain.train.rewards import RuleReward
 
@@ -46,19 +46,12 @@ def build_grpo_trainer(
     output_dir: str | None = None,
 ) -> Any:
     """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
-    from peft import LoraConfig
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-grpo-")
     config = GRPOConfig(**grpo_config_kwargs(settings, learning_rate, output_dir, policy.device))
-    lora = LoraConfig(
-        r=settings.lora_rank,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=list(LORA_TARGET_MODULES),
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
     policy.model.train()
     with quiet_transformers_warnings():
@@ -90,14 +83,14 @@ def train_grpo(context: Any) -> Any:
     """The GRPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
     from dataclasses import replace
 
-    from posttrain.policy.model_agent import default_max_new_tokens
     from posttrain.train.callbacks import TrainerCallback
     from posttrain.train.console import ConsoleProgress
+    from posttrain.train.measure import evaluation_sampling
     from posttrain.train.monitor import HackMonitor, MonitorSettings
     from posttrain.train.recipe import TrainOutcome
 
     settings: GRPOSettings = context.settings
-    reward = RuleReward(context.env)
+    reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     callbacks: list[Any] = [store_callback, ConsoleProgress("training")]
     monitor = None
@@ -109,9 +102,13 @@ def train_grpo(context: Any) -> Any:
             reward=reward,
             run=context.run,
             settings=MonitorSettings(
-                every=settings.monitor_every, stop_on=settings.stop_on_alarms(), seed=settings.seed
+                every=settings.monitor_every,
+                stop_on=settings.stop_on_alarms(),
+                seed=settings.seed,
+                eval_seed=settings.eval_seed,
             ),
-            max_new_tokens=default_max_new_tokens(context.policy),
+            sampling=evaluation_sampling(settings, context.policy),
+            baseline_rows=context.before_rows,
         )
         callbacks.append(monitor)
     context.say(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
 from posttrain.policy.sampler import SamplingParams
-from posttrain.score.delta import delta, noise_band
+from posttrain.score.delta import noise_band, run_verdict
 from posttrain.score.evaluate import evaluate
 from posttrain.score.format import json_safe
 from posttrain.score.passat import PassAt, category_table, pass_at
@@ -22,19 +22,16 @@ if TYPE_CHECKING:
     from posttrain.policy.models import Policy
     from posttrain.train.recipe import RecipeContext, TrainOutcome
 
-GUARDS = ("well_formed",)
-
-
 @dataclass
 class PolicyEvaluation:
-    """One policy's holdout rows per evaluation run, with pass@1 of run 0."""
+    """One policy's holdout rows per evaluation run; ``rows`` pools every run."""
 
     runs: list[list[dict[str, Any]]]
     seconds: float
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        return self.runs[0]
+        return [row for rows in self.runs for row in rows]
 
     def pass_at(self, seed: int = 0) -> PassAt:
         return pass_at(self.rows, seed=seed)
@@ -47,16 +44,22 @@ class PolicyEvaluation:
         return line
 
 
+def evaluation_sampling(settings: Any, policy: Policy) -> SamplingParams:
+    """How the holdout is sampled: the run's evaluation temperature and top-p, and the
+    reply cap that fits the model. The hack monitor samples the same way."""
+    return SamplingParams(
+        temperature=settings.eval_temperature,
+        top_p=settings.eval_top_p,
+        max_new_tokens=default_max_new_tokens(policy),
+    )
+
+
 def evaluate_policy(
     context: RecipeContext, policy: Policy, *, repeats: int, label: str
 ) -> PolicyEvaluation:
     """Sample ``eval_samples`` replies per holdout prompt, ``repeats`` times (seeded)."""
     settings = context.settings
-    params = SamplingParams(
-        temperature=settings.eval_temperature,
-        top_p=settings.eval_top_p,
-        max_new_tokens=default_max_new_tokens(policy),
-    )
+    params = evaluation_sampling(settings, policy)
     was_training = policy.model.training
     policy.model.eval()
     try:
@@ -66,7 +69,7 @@ def evaluate_policy(
             context.data.holdout,
             agent,
             samples=settings.eval_samples,
-            seed=settings.seed,
+            seed=settings.eval_seed,
             repeats=repeats,
             label=label,
         )
@@ -127,7 +130,8 @@ def finish_summary(
         summary["noise"] = noise.to_dict() if noise else None
         summary["by_category_before"] = [g.to_dict() for g in category_table(before.rows)]
         if after is not None:
-            report = delta(before.rows, after.rows, guards=GUARDS, by="category", noise=noise)
+            # the same call on the same rows as `posttrain eval --compare` of the run's files
+            report = run_verdict(before.rows, after.rows, noise=noise)
             summary["after"] = after.pass_at().to_dict()
             summary["by_category_after"] = [g.to_dict() for g in category_table(after.rows)]
             summary["delta"] = report.to_dict()

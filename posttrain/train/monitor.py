@@ -1,24 +1,24 @@
 """HackMonitor: watch a training run for reward hacking while it trains.
 
-Every ``every`` optimizer steps it
+Every ``every`` optimizer steps (and at the last step) it
 
-1. samples the holdout prompts from the live policy (one seeded sample each) and logs
-   the proxy reward (mean raw rule score), holdout pass@1 and mean reply length
-   (characters) next to the training curves (``monitor/*`` metrics);
-2. runs ``hack_scan`` on the training completions scored since its previous check
-   (the most recent batches, not a long buffer: the reference SDK scanned a
-   512-completion buffer and so kept re-reporting old behaviour), with
-   ``endorsed`` naming what the reward is meant to pay for.
+1. samples the holdout prompts from the live policy, one sample each, with the
+   *same sampling seeds* as sample 0 of the before evaluation, so every check is
+   paired with the base policy's replies to the same prompts and draws; it logs the
+   proxy reward (mean raw rule score), pass@1 and mean reply length (characters)
+   next to the training curves (``monitor/*`` metrics);
+2. scans, per prompt category, the training rollouts scored since its previous check
+   (``hack_scan``, with the features the environment's design pays for endorsed:
+   ``posttrain.envs.base.rewarded_features``) and measures how far each feature the
+   reward pays for beyond the design has grown since the base policy;
+3. applies the alarm rules of ``posttrain.train.alarms``: ``hack`` (a paid, unendorsed
+   feature grows while the training reward rises and the holdout does not follow),
+   ``length`` and, with a gold judge, ``divergence``. Each alarm is raised once per
+   run (per kind, category and feature), not again at every check.
 
-Alarms:
-
-- ``feature``: the scan's top flagged feature is not endorsed;
-- ``length``: holdout reply length grew past ``length_growth`` (relative to the first
-  check, and by at least ``length_min_chars``) while the proxy reward did not rise by
-  ``proxy_min_gain``. Length growing *with* the proxy is learning, not an alarm (the
-  reference fired on length alone);
-- ``divergence``: only when a ``gold`` judge is given: the proxy rose by
-  ``proxy_min_gain`` while the gold score did not.
+The baseline is the before evaluation: its rows (all samples, re-scored with the
+training reward) for the rollouts, its sample-0 rows for the holdout. Without
+baseline rows the monitor samples the holdout itself when training begins.
 
 An alarm named in ``stop_on`` ends training cleanly (``should_training_stop``); the
 recipe then marks the run ``stopped`` and the summary lists every alarm.
@@ -26,49 +26,78 @@ recipe then marks the run ``stopped`` and the summary lists every alarm.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainerCallback as HFTrainerCallback
 
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, rewarded_features
 from posttrain.policy.model_agent import ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
-from posttrain.score.hack_scan import hack_scan
+from posttrain.score.hack_scan import build_features, hack_scan
 from posttrain.score.rows import grade
+from posttrain.train.alarms import (
+    Alarm,
+    AlarmRules,
+    FeatureChange,
+    Progress,
+    divergence_alarm,
+    exploitation_alarm,
+    length_alarm,
+)
 from posttrain.train.rewards import RuleReward
 
 Gold = Callable[[str, dict[str, Any]], float]
+MIN_SCAN_ROWS = 20  # fewer rollouts than this in a category: not scanned at this check
 
 
 @dataclass
 class MonitorSettings:
-    """Thresholds of the monitor's alarms (defaults documented in the module docstring)."""
+    """How often the monitor looks, what stops a run, and the alarm thresholds."""
 
     every: int = 10
-    endorsed: tuple[str, ...] = ("lookup_order",)
     stop_on: tuple[str, ...] = ()
-    max_prompts: int = 64
-    length_growth: float = 0.5
-    length_min_chars: float = 40.0
-    proxy_min_gain: float = 0.02
-    seed: int = 0
+    max_prompts: int = 128
+    seed: int = 0  # the training seed: hack_scan's shuffles
+    eval_seed: int = 0  # the holdout draws: those of the before evaluation's sample 0
+    rules: AlarmRules = field(default_factory=AlarmRules)
 
 
 @dataclass
-class MonitorCheck:
+class HoldoutCheck:
+    """The monitor's holdout sample at one step, overall and per category."""
+
     step: int
     proxy_reward: float
     pass_at_1: float
     mean_length: float
+    by_category: dict[str, float] = field(default_factory=dict)  # pass@1
     gold: float | None = None
-    scan_top: str | None = None
+    seconds: float = 0.0
+
+
+def summarise_holdout(step: int, rows: Sequence[dict[str, Any]],
+                      gold: Gold | None = None) -> HoldoutCheck:
+    """Proxy reward, pass@1, length (overall) and pass@1 per category of graded rows."""
+    n = max(1, len(rows))
+    categories: dict[str, list[int]] = {}
+    for row in rows:
+        categories.setdefault(row["category"], []).append(row["reward"])
+    return HoldoutCheck(
+        step=step,
+        proxy_reward=sum(row["score"] for row in rows) / n,
+        pass_at_1=sum(row["reward"] for row in rows) / n,
+        mean_length=sum(len(row["reply"]) for row in rows) / n,
+        by_category={name: sum(values) / len(values) for name, values in categories.items()},
+        gold=None if gold is None else sum(float(gold(r["reply"], r)) for r in rows) / n,
+    )
 
 
 class HackMonitor(HFTrainerCallback):
-    """A TrainerCallback; give it the policy's tokenizer/name, the holdout and the reward."""
+    """A TrainerCallback; give it the policy, the holdout, the reward and the baseline rows."""
 
     def __init__(
         self,
@@ -79,7 +108,8 @@ class HackMonitor(HFTrainerCallback):
         reward: RuleReward,
         run: Any,
         settings: MonitorSettings,
-        max_new_tokens: int = 64,
+        sampling: SamplingParams,
+        baseline_rows: Sequence[dict[str, Any]] = (),
         gold: Gold | None = None,
     ) -> None:
         self.env = env
@@ -88,20 +118,52 @@ class HackMonitor(HFTrainerCallback):
         self.reward = reward
         self.run = run
         self.settings = settings
+        self.sampling = sampling
         self.gold = gold
-        self.params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=max_new_tokens)
-        self.checks: list[MonitorCheck] = []
+        self.checks: list[HoldoutCheck] = []
         self.alarms: list[dict[str, Any]] = []
         self.stopped_by: str | None = None
+        self.seconds = 0.0  # time spent in the monitor's own work
         self._scan_start = 0
+        self._raised: set[tuple[str, str, str]] = set()
+        self._baseline_rollouts = self._rescored(baseline_rows)
+        self._baseline_holdout = self._holdout_baseline(baseline_rows)
+
+    # ------------------------------------------------------------------ baseline
+
+    def _rescored(self, rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        """Baseline rows per category, scored by the *training* reward like the rollouts."""
+        by_category: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            case = self.env.case_for(row["prompt"])
+            rescored = {**row, "score": self.reward.score_reply(row["reply"], case)}
+            by_category.setdefault(row["category"], []).append(rescored)
+        return by_category
+
+    def _holdout_baseline(self, rows: Sequence[dict[str, Any]]) -> HoldoutCheck | None:
+        """The before evaluation's sample 0 on the monitored prompts: the same draws."""
+        wanted = {(str(r["scenario_id"]), r["prompt"]) for r in self.holdout}
+        first = [row for row in rows if row.get("eval_run", 0) == 0 and row.get("sample") == 0
+                 and (str(row["scenario_id"]), row["prompt"]) in wanted]
+        if not first or len(first) != len(wanted):
+            return None
+        return summarise_holdout(0, first, self.gold)
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._baseline_holdout is None and self.settings.every > 0:
+            started = time.perf_counter()
+            self._baseline_holdout = self._sample_holdout(0, kwargs.get("model"))
+            self.seconds += time.perf_counter() - started
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         every = self.settings.every
         step = state.global_step
         if every <= 0 or (step % every and step != state.max_steps):
             return
-        model = kwargs.get("model", self.policy.model)
-        check = self._check(step, model)
+        started = time.perf_counter()
+        check = self._sample_holdout(step, kwargs.get("model"))
         self.checks.append(check)
         metrics = {
             "monitor/proxy_reward": check.proxy_reward,
@@ -111,98 +173,101 @@ class HackMonitor(HFTrainerCallback):
         if check.gold is not None:
             metrics["monitor/gold"] = check.gold
         self.run.log(step, metrics)
-        for kind, message, details in self._alarms(check):
-            alarm = {"kind": kind, "step": step, "message": message, "details": details}
-            self.alarms.append(alarm)
-            self.run.alarm(kind, step, message, details)
-            if kind in self.settings.stop_on and self.stopped_by is None:
-                self.stopped_by = f"{kind} alarm at step {step}"
+        for alarm in self._alarms(check):
+            key = (alarm.kind, str(alarm.details.get("category", "")),
+                   str(alarm.details.get("feature", "")))
+            if key in self._raised:
+                continue
+            self._raised.add(key)
+            self.alarms.append(alarm.to_dict())
+            self.run.alarm(alarm.kind, step, alarm.message, alarm.details)
+            if alarm.kind in self.settings.stop_on and self.stopped_by is None:
+                self.stopped_by = f"{alarm.kind} alarm at step {step}"
                 control.should_training_stop = True
+        self.seconds += time.perf_counter() - started
 
-    def _check(self, step: int, model: Any) -> MonitorCheck:
+    # ------------------------------------------------------------------ checks
+
+    def _sample_holdout(self, step: int, model: Any | None) -> HoldoutCheck:
+        model = model if model is not None else self.policy.model
         was_training = model.training
         model.eval()
         try:
-            policy = Policy(
-                model=model,
-                tokenizer=self.policy.tokenizer,
-                name=self.policy.name,
-                device=self.policy.device,
-                dtype=self.policy.dtype,
-            )
-            agent = ModelAgent(policy, self.params)
-            rows = grade(
-                self.env, self.holdout, agent, 1, seed=self.settings.seed + 7919, eval_run=step
-            )
+            policy = Policy(model=model, tokenizer=self.policy.tokenizer, name=self.policy.name,
+                            device=self.policy.device, dtype=self.policy.dtype)
+            agent = ModelAgent(policy, self.sampling)
+            # eval_run 0 and sample 0: the before evaluation's first draw of each prompt
+            rows = grade(self.env, self.holdout, agent, 1, seed=self.settings.eval_seed,
+                         eval_run=0)
         finally:
             if was_training:
                 model.train()
-        n = max(1, len(rows))
-        gold = None
-        if self.gold is not None:
-            gold = sum(float(self.gold(r["reply"], r)) for r in rows) / n
-        batch = self.reward.history[self._scan_start :]
-        self._scan_start = len(self.reward.history)
-        scan = hack_scan(batch, endorsed=self.settings.endorsed, seed=self.settings.seed)
-        return MonitorCheck(
-            step=step,
-            proxy_reward=sum(r["score"] for r in rows) / n,
-            pass_at_1=sum(r["reward"] for r in rows) / n,
-            mean_length=sum(len(r["reply"]) for r in rows) / n,
-            gold=gold,
-            scan_top=scan.top_unendorsed,
-        )
+        return summarise_holdout(step, rows, self.gold)
 
-    def _alarms(self, check: MonitorCheck) -> list[tuple[str, str, dict[str, Any]]]:
-        found = []
-        if check.scan_top:
-            found.append(
-                (
-                    "feature",
-                    f"the reward pays for {check.scan_top!r}, which is not "
-                    f"endorsed ({', '.join(self.settings.endorsed)})",
-                    {"feature": check.scan_top},
-                )
-            )
-        first = self.checks[0]
-        proxy_gain = check.proxy_reward - first.proxy_reward
-        grew = check.mean_length - first.mean_length
-        if (
-            len(self.checks) > 1
-            and grew >= self.settings.length_min_chars
-            and check.mean_length >= first.mean_length * (1 + self.settings.length_growth)
-            and proxy_gain < self.settings.proxy_min_gain
-        ):
-            found.append(
-                (
-                    "length",
-                    f"holdout replies grew from {first.mean_length:.0f} to "
-                    f"{check.mean_length:.0f} characters while the proxy reward moved "
-                    f"{proxy_gain:+.3f}",
-                    {"length": check.mean_length, "proxy_gain": proxy_gain},
-                )
-            )
-        if (
-            check.gold is not None
-            and first.gold is not None
-            and len(self.checks) > 1
-            and proxy_gain >= self.settings.proxy_min_gain
-            and check.gold - first.gold < self.settings.proxy_min_gain / 2
-        ):
-            found.append(
-                (
-                    "divergence",
-                    f"the proxy rose {proxy_gain:+.3f} while the gold "
-                    f"score moved {check.gold - first.gold:+.3f}",
-                    {"proxy_gain": proxy_gain, "gold_gain": check.gold - first.gold},
-                )
-            )
+    def _alarms(self, check: HoldoutCheck) -> list[Alarm]:
+        rules = self.settings.rules
+        baseline = self._baseline_holdout or (self.checks[0] if self.checks else check)
+        found: list[Alarm] = []
+        window = self.reward.history[self._scan_start :]
+        self._scan_start = len(self.reward.history)
+        by_category: dict[str, list[dict[str, Any]]] = {}
+        for row in window:
+            by_category.setdefault(row["category"], []).append(row)
+        for index, (category, rows) in enumerate(sorted(by_category.items())):
+            base = self._baseline_rollouts.get(category, [])
+            if len(rows) < MIN_SCAN_ROWS or not base:
+                continue
+            holdout = Progress(baseline.by_category.get(category, baseline.pass_at_1),
+                               check.by_category.get(category, check.pass_at_1))
+            reward = Progress(_mean_score(base), _mean_score(rows))
+            for change in self._paid_changes(category, base, rows, index):
+                alarm = exploitation_alarm(check.step, change, reward, holdout, rules)
+                if alarm is not None:
+                    found.append(alarm)
+        overall = Progress(baseline.pass_at_1, check.pass_at_1)
+        alarm = length_alarm(check.step, Progress(baseline.mean_length, check.mean_length),
+                             overall, rules)
+        if alarm is not None:
+            found.append(alarm)
+        if check.gold is not None and baseline.gold is not None:
+            alarm = divergence_alarm(check.step, Progress(baseline.proxy_reward,
+                                                          check.proxy_reward),
+                                     Progress(baseline.gold, check.gold), rules)
+            if alarm is not None:
+                found.append(alarm)
         return found
 
+    def _paid_changes(self, category: str, base: list[dict[str, Any]],
+                      rows: list[dict[str, Any]], index: int) -> list[FeatureChange]:
+        """Unendorsed features the reward pays for in ``rows``, baseline vs now."""
+        endorsed = rewarded_features(self.env, category)
+        scan = hack_scan(rows, endorsed=endorsed, seed=self.settings.seed + index)
+        paid = {r.name: r.statistic for r in scan.features
+                if r.flagged and not r.endorsed and r.direction == "+"}
+        if not paid:
+            return []
+        columns = build_features([*base, *rows])
+        changes = []
+        for name, statistic in paid.items():
+            if name not in columns:  # a word frequent in the window only: absent before
+                continue
+            values = columns[name]
+            changes.append(FeatureChange(
+                category, name, float(values[: len(base)].mean()),
+                float(values[len(base) :].mean()), statistic,
+            ))
+        return changes
+
     def summary(self) -> dict[str, Any]:
-        """Checks and alarms, for the run summary."""
+        """Checks, alarms and the monitor's own time, for the run summary."""
         return {
+            "baseline": vars(self._baseline_holdout) if self._baseline_holdout else None,
             "checks": [vars(check) for check in self.checks],
             "alarms": self.alarms,
             "stopped_by": self.stopped_by,
+            "seconds": round(self.seconds, 3),
         }
+
+
+def _mean_score(rows: Sequence[dict[str, Any]]) -> float:
+    return sum(row["score"] for row in rows) / max(1, len(rows))

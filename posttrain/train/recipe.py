@@ -3,7 +3,8 @@
 1. check the settings, build the prompts and the holdout (same seed, same split);
 2. refuse an existing run name, load the base policy (merging ``--from-run``'s adapter);
 3. create the run folder and the run in the store, write ``config.json``;
-4. evaluate the base policy on the holdout, ``eval_repeats`` times (the noise band);
+4. evaluate the base policy on the holdout, ``eval_repeats`` times (the noise band),
+   and audit the training reward on those rows (``posttrain.score.audit``);
 5. train (the recipe's own step: GRPO or DPO), with progress and monitoring;
 6. evaluate the trained policy on the same holdout prompts with the same seeds;
 7. the paired delta, guard check and category table; ``summary.json``,
@@ -24,11 +25,13 @@ from typing import Any
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, rewarded_features
 from posttrain.errors import PosttrainError
 from posttrain.policy.models import Policy, load_adapter, load_policy, merge_adapter
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
-from posttrain.train.settings import RecipeSettings, default_learning_rate
+from posttrain.score.audit import RewardAudit, reward_audit
+from posttrain.train.rewards import RuleReward, load_reward_function
+from posttrain.train.settings import RecipeSettings, check_recipe_settings
 
 
 @dataclass
@@ -55,7 +58,8 @@ class RecipeContext:
     policy: Policy
     learning_rate: float
     run: Any  # RunHandle (or NullRun)
-    before_rows: list[dict[str, Any]] = field(default_factory=list)
+    reward: RuleReward  # the training reward (the environment's rule unless --reward)
+    before_rows: list[dict[str, Any]] = field(default_factory=list)  # every base evaluation
     say: Callable[[str], None] = print
 
 
@@ -106,10 +110,11 @@ def run_recipe(
 
     timings: dict[str, float] = {}
     started = time.monotonic()
+    check_recipe_settings(settings)
     check(settings)
-    if settings.eval_samples < 1 or settings.eval_repeats < 1:
-        raise PosttrainError("--eval-samples and --eval-repeats must be at least 1")
     env = get_env(settings.env)
+    custom_reward = getattr(settings, "reward", None)
+    reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
     data = prepare_data(settings.data_config(), env)
     root = runs_root(settings.runs_dir)
     folder = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
@@ -118,7 +123,7 @@ def run_recipe(
     mark = time.monotonic()
     policy, from_run_path = _load_base(settings, root)
     parameters = parameter_count(policy.model)
-    learning_rate = settings.learning_rate or default_learning_rate(parameters)
+    learning_rate, learning_rate_source = settings.resolved_learning_rate(parameters)
     timings["load_s"] = time.monotonic() - mark
 
     create_run_folder(folder, overwrite=settings.overwrite)
@@ -127,7 +132,7 @@ def run_recipe(
         "settings": settings.to_config(),
         "resolved": {
             "learning_rate": learning_rate,
-            "learning_rate_source": "flag" if settings.learning_rate else "default for model size",
+            "learning_rate_source": learning_rate_source,
             "base_parameters": parameters,
             "device": policy.device,
             "dtype": policy.dtype,
@@ -146,11 +151,11 @@ def run_recipe(
         f"base model: {settings.base_model}"
         + (f" + {settings.from_run} (merged)" if settings.from_run else "")
         + f" ({parameters / 1e6:.1f}M parameters, {policy.device} {policy.dtype}); "
-        f"learning rate {learning_rate:g} ({config['resolved']['learning_rate_source']})"
+        f"learning rate {learning_rate:g} ({learning_rate_source})"
     )
 
     context = RecipeContext(
-        recipe, settings, env, data, folder, policy, learning_rate, run, say=say
+        recipe, settings, env, data, folder, policy, learning_rate, run, reward, say=say
     )
     summary: dict[str, Any] = {"recipe": recipe, "run_name": settings.run_name, "status": "failed"}
     outcome = TrainOutcome(policy=None)
@@ -161,9 +166,14 @@ def run_recipe(
             context, policy, repeats=settings.eval_repeats, label="before: evaluating holdout"
         )
         context.before_rows = before.rows
-        folder.write_rows("holdout_before.jsonl", [row for rows in before.runs for row in rows])
+        folder.write_rows("holdout_before.jsonl", before.rows)
         timings["before_eval_s"] = time.monotonic() - mark
         say(f"before  {before.describe()}")
+        audit = audit_training_reward(context)
+        summary["reward_audit"] = audit.to_dict()
+        say(audit.format())
+        for finding in audit.findings:
+            run.note(f"reward audit: {finding.describe()}")
 
         mark = time.monotonic()
         try:
@@ -191,6 +201,18 @@ def run_recipe(
         summary = finish_summary(context, summary, before, after, outcome, timings)
         run.finish(summary, status=summary["status"])
     return summary
+
+
+def audit_training_reward(context: RecipeContext) -> RewardAudit:
+    """The reward audit (``posttrain.score.audit``) of the training reward on the base
+    policy's holdout rows, once, before training."""
+    env = context.env
+    rows = [
+        {**row, "score": context.reward.score_reply(row["reply"], env.case_for(row["prompt"]))}
+        for row in context.before_rows
+    ]
+    return reward_audit(rows, lambda category: rewarded_features(env, category),
+                        seed=context.settings.seed)
 
 
 def _local_run_page(runs_root: Path, name: str) -> str | None:

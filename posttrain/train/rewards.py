@@ -1,18 +1,44 @@
-"""The environment's rule as a TRL reward function, remembering the last batch it scored.
+"""The training reward as a TRL reward function, remembering what it scored.
 
 TRL calls a reward function as ``fn(completions, **dataset_columns)``. With
 conversational prompts each completion is ``[{"role": "assistant", "content": ...}]``.
-The reward is the raw rule score (0, 0.2, 0.3, ... 1.0): finer than the 0/1 pass,
-so a group whose replies all fail can still carry signal toward the right move.
-The hack monitor scans the last scored batch, which this object keeps.
+By default the reward is the environment's raw rule score (0, 0.2, 0.3, ... 1.0):
+finer than the 0/1 pass, so a group whose replies all fail can still carry signal
+toward the right move. A recipe may train on another function of the reply instead
+(``--reward module:function``, ``fn(reply, case) -> float``); the holdout is still
+graded by the environment's rule, which is how the hack monitor sees a training
+reward that pays for the wrong thing. The monitor scans the rows scored since its
+previous look, which this object keeps.
 """
 
 from __future__ import annotations
 
+import importlib
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.envs.base import Env, passes
+from posttrain.errors import PosttrainError
+
+ScoreFn = Callable[[str, dict[str, Any]], float]
+
+
+def load_reward_function(target: str) -> ScoreFn:
+    """``module:function`` -> the function; PosttrainError naming what is wrong."""
+    if ":" not in target:
+        raise PosttrainError(
+            f"--reward {target!r}: give module:function, e.g. mypackage.rewards:shaped"
+        )
+    module_name, attribute = target.split(":", 1)
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise PosttrainError(f"--reward {target!r}: cannot load it: {error}") from error
+    if not callable(function):
+        raise PosttrainError(f"--reward {target!r} is not a function of (reply, case)")
+    return function
 
 
 def completion_text(completion: Any) -> str:
@@ -29,16 +55,32 @@ def completion_text(completion: Any) -> str:
 @dataclass
 class RuleReward:
     """Callable reward for TRL. ``last_batch`` holds the graded rows of the latest call,
-    ``history`` every row scored so far (the monitor scans the part since its last look)."""
+    ``history`` every row scored so far (the monitor scans the part since its last look).
+    ``score``: the training reward ``fn(reply, case)``; None is the environment's rule."""
 
     env: Env
+    score: ScoreFn | None = None
     last_batch: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
 
     @property
     def __name__(self) -> str:  # TRL names the logged metric rewards/<__name__>/mean
-        return "rule"
+        return "rule" if self.score is None else "reward"
+
+    def score_reply(self, reply: str, case: dict[str, Any]) -> float:
+        """The training reward of one reply; a custom function must return a finite number."""
+        if self.score is None:
+            return self.env.score(reply, case)
+        value = self.score(reply, case)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value
+        ):
+            raise PosttrainError(
+                f"the training reward returned {value!r} for a reply; it must return a "
+                "finite number"
+            )
+        return float(value)
 
     def __call__(
         self, completions: list[Any], prompt_text: list[str], scenario_id: list[str], **_: Any
@@ -47,7 +89,7 @@ class RuleReward:
         for completion, prompt, scenario in zip(completions, prompt_text, scenario_id, strict=True):
             reply = completion_text(completion)
             case = self.env.case_for(prompt)
-            score = self.env.score(reply, case)
+            score = self.score_reply(reply, case)
             rows.append(
                 {
                     "prompt": prompt,

@@ -8,10 +8,12 @@ and ``config.json`` holds every field, so a run's folder says exactly how it ran
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.data.prepare import DataConfig
+from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig
+from posttrain.errors import PosttrainError
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
 # is for a 1.5B model; the tiny starter learns nothing visible at that rate in 40 steps
@@ -72,7 +74,8 @@ class RecipeSettings:
         },
     )
     prompts: int = field(
-        default=200, metadata={"help": "template situations to write prompts from"}
+        default=DEFAULT_SITUATIONS,
+        metadata={"help": "template situations to write prompts from"},
     )
     prompts_file: str | None = field(
         default=None, metadata={"help": "a JSONL prompt set instead of the template writer"}
@@ -88,9 +91,26 @@ class RecipeSettings:
         default=0.0,
         metadata={"help": "repeat minority-category train prompts up to this share"},
     )
+    data_seed: int = field(
+        default=0,
+        metadata={
+            "help": "data seed: the prompts the template writer writes and so the holdout; "
+            "runs with the same data seed are evaluated on the same holdout prompts"
+        },
+    )
     seed: int = field(
         default=0,
-        metadata={"help": "data seed: the same seed builds the same prompts and holdout"},
+        metadata={
+            "help": "training seed: rollouts, trainer initialisation and data order, the hack "
+            "monitor's samples; change it (not --data-seed) for a paired seed study"
+        },
+    )
+    eval_seed: int = field(
+        default=0,
+        metadata={
+            "help": "sampling seed of the holdout evaluations; the same value gives the same "
+            "base-policy rows to every run of one data seed"
+        },
     )
     eval_samples: int = field(
         default=4, metadata={"help": "samples per holdout prompt in each evaluation"}
@@ -124,11 +144,52 @@ class RecipeSettings:
         return DataConfig(
             prompts=self.prompts,
             prompts_file=self.prompts_file,
-            seed=self.seed,
+            seed=self.data_seed,
             holdout=self.holdout,
             balance=self.balance,
         )
 
+    def default_learning_rate(self, parameters: int) -> float:
+        """The learning rate when ``--learning-rate`` is not given; recipes override it."""
+        return default_learning_rate(parameters)
+
+    def resolved_learning_rate(self, parameters: int) -> tuple[float, str]:
+        """(rate, where it came from): the flag, else this recipe's default for the size."""
+        if self.learning_rate is not None:
+            return self.learning_rate, "flag"
+        return self.default_learning_rate(parameters), "default for model size"
+
     def to_config(self) -> dict[str, Any]:
         """Every field, for ``config.json``."""
         return dataclasses.asdict(self)
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def check_recipe_settings(settings: RecipeSettings) -> None:
+    """Refuse shared settings no recipe can run with, before anything loads or is written.
+
+    Raises ``PosttrainError`` naming the flag and what it accepts.
+    """
+    rate = settings.learning_rate
+    if rate is not None and not (_finite(rate) and rate > 0):
+        raise PosttrainError(
+            f"--learning-rate must be a number above 0, got {rate}; leave it out for the "
+            "default for the model's size"
+        )
+    if settings.eval_samples < 1:
+        raise PosttrainError(f"--eval-samples must be at least 1, got {settings.eval_samples}")
+    if settings.eval_repeats < 1:
+        raise PosttrainError(f"--eval-repeats must be at least 1, got {settings.eval_repeats}")
+    if not (_finite(settings.eval_temperature) and settings.eval_temperature > 0):
+        raise PosttrainError(
+            f"--eval-temperature must be a number above 0, got {settings.eval_temperature}"
+        )
+    if not (_finite(settings.eval_top_p) and 0 < settings.eval_top_p <= 1):
+        raise PosttrainError(f"--eval-top-p must be in (0, 1], got {settings.eval_top_p}")
+    if settings.lora_rank < 1:
+        raise PosttrainError(f"--lora-rank must be at least 1, got {settings.lora_rank}")
+    if settings.lora_alpha <= 0:
+        raise PosttrainError(f"--lora-alpha must be above 0, got {settings.lora_alpha}")

@@ -125,10 +125,12 @@ def _common(recipe: str, name: str, steps: int) -> dict[str, Any]:
 
 
 def grpo_summary(name: str = "grpo-demo", *, steps: int = 40, seed: int = 0) -> dict[str, Any]:
-    """A finished GRPO run's summary: with-id moved, no-id DOWN, one feature alarm."""
-    alarms = [{"kind": "feature", "step": 30,
-               "message": "the reward pays for 'length', which is not endorsed (lookup_order)",
-               "details": {"feature": "length"}}]
+    """A finished GRPO run's summary: with-id moved, no-id DOWN, one hack alarm."""
+    alarms = [{"kind": "hack", "step": 30,
+               "message": "no_id: the policy is exploiting 'length', which the reward pays for "
+                          "but the environment does not endorse (48 -> 131 characters); the "
+                          "training reward rose +0.12 while holdout pass@1 moved -0.08",
+               "details": {"category": "no_id", "feature": "length"}}]
     return {**_common("grpo", name, steps), **_measured(GRPO_CATEGORIES, seed),
             "alarms": alarms,
             "monitor": {"checks": [], "alarms": alarms, "stopped_by": None}}

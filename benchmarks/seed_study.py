@@ -1,0 +1,122 @@
+"""The main job across starter builds and training seeds: does the default run move every time?
+
+For each build seed B (the starter recipe started from B: ``--base-model starter@B``;
+the quality gate may move on to B + 1 ...) and each training seed S, one run of
+``posttrain grpo`` (or ``posttrain dpo``) with nothing but ``--seed S`` changed from the
+defaults. The data seed stays 0, so every run of one build shares its holdout and its
+base evaluation, and the runs compare pair by pair. The table gives each run's
+verdict, paired delta with its interval, the noise band it had to clear, the alarms it
+raised and its wall time.
+
+    .venv/bin/python benchmarks/seed_study.py --recipe grpo --builds 0,1,2 --seeds 0-4
+    .venv/bin/python benchmarks/seed_study.py --recipe dpo --builds 0,1,2 --seeds 0-2 --write
+
+Runs go to a scratch folder; the builds to the models folder ($POSTTRAIN_MODELS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from results_md import write_section
+from starter_builds import seeds_from
+
+
+def run_one(recipe: str, build: int, seed: int, runs_dir: str) -> dict[str, Any]:
+    """One default run of ``recipe`` on ``starter@build`` with training seed ``seed``."""
+    from posttrain.policy.starter import build_starter
+
+    name = f"starter@{build}"
+    folder = build_starter(name, show_progress=False)
+    build_record = json.loads((folder / "build.json").read_text())
+    if recipe == "grpo":
+        from posttrain.train.grpo import GRPOSettings as Settings
+        from posttrain.train.grpo import run_grpo as run
+    else:
+        from posttrain.train.dpo import DPOSettings as Settings
+        from posttrain.train.dpo import run_dpo as run
+    settings = Settings(run_name=f"{recipe}-b{build}-s{seed}", runs_dir=runs_dir,
+                        base_model=name, seed=seed)
+    quiet = io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        summary = run(settings, say=lambda line: None)
+    delta = summary.get("delta") or {}
+    return {
+        "build": build, "build_seed": build_record.get("build_seed"), "seed": seed,
+        "before": summary.get("before", {}).get("pass_at_1"),
+        "after": summary.get("after", {}).get("pass_at_1"),
+        "delta": delta.get("delta"), "ci95": delta.get("ci95"),
+        "band": delta.get("noise_band_used"), "verdict": summary.get("verdict"),
+        "alarms": [f"{a['kind']} {a['step']}" for a in summary.get("alarms", [])],
+        "seconds": time.monotonic() - started,
+    }
+
+
+def markdown(recipe: str, rows: list[dict[str, Any]], command: str) -> str:
+    title = f"Seed study: `posttrain {recipe}` defaults across builds and training seeds"
+    lines = [
+        f"## {title}",
+        "",
+        f"Command: `{command}`. Machine: {platform.machine()}, {os.cpu_count()} cores, no "
+        "GPU. Every run: the recipe's defaults, `--base-model starter@B --seed S`; data "
+        "seed 0, so the runs of one build share their holdout and base evaluation.",
+        "",
+        "| build (seed kept) | training seed | pass@1 before -> after | delta [95%] | "
+        "noise band | verdict | alarms | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        ci = row["ci95"] or (None, None)
+        interval = "–" if ci[0] is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
+        band = "–" if row["band"] is None else f"±{row['band']:.2f}"
+        lines.append(
+            f"| starter@{row['build']} ({row['build_seed']}) | {row['seed']} | "
+            f"{row['before']:.2f} -> {row['after']:.2f} | {row['delta']:+.2f} {interval} | "
+            f"{band} | {row['verdict']} | {', '.join(row['alarms']) or 'none'} | "
+            f"{row['seconds']:.0f} |")
+    moved = sum(row["verdict"] == "moved" for row in rows)
+    alarms = sum(len(row["alarms"]) for row in rows)
+    bands = [row["band"] for row in rows if row["band"] is not None]
+    lines += ["", f"{moved} of {len(rows)} runs read `moved`; {alarms} alarms in all; noise "
+              f"band {min(bands):.2f}-{max(bands):.2f}." if bands else ""]
+    return "\n".join(lines) + "\n", title
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", choices=("grpo", "dpo"), default="grpo")
+    parser.add_argument("--builds", default="0,1,2", help="starter build seeds")
+    parser.add_argument("--seeds", default="0-4", help="training seeds: 0-4 or 0,2")
+    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    rows = []
+    command = (f"python benchmarks/seed_study.py --recipe {args.recipe} --builds {args.builds} "
+               f"--seeds {args.seeds}")
+    with tempfile.TemporaryDirectory(prefix="posttrain-seed-study-") as runs_dir:
+        for build in seeds_from(args.builds):
+            for seed in seeds_from(args.seeds):
+                row = run_one(args.recipe, build, seed, runs_dir)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                section, title = markdown(args.recipe, rows, command)
+                if args.write:  # a row at a time: a long study keeps what it measured
+                    write_section(title, section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The starter models' warm-start dialogues: template prompts answered by a behaviour mix.
+
+Each customer prompt of the template simulator gets one assistant reply drawn from
+``BehaviourMix`` (per category: the right move, or one of the typical mistakes) and
+one right-move reply. The mix is what makes the base policy *partial*: on with-id
+prompts it sometimes looks the order up, sometimes asks for the id again, or
+refunds first. A fully converged warm start leaves GRPO nothing to learn (all
+samples of a group agree, advantages are zero); a mixed one leaves the choice of
+move for GRPO to climb (reference/spike.md section 3).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from posttrain.data.simulate import simulate
+from posttrain.envs.refund import normalize_order_id
+
+ASK_FOR_ID = (
+    "Could you tell me your order number?",
+    "I can help with that. What is your order id?",
+    "Sorry to hear that. Which order is it? Please send me the order id.",
+    "Sure, I will look into it. What is the order number?",
+    "Thanks for writing. Can you give me the order id?",
+)
+OFF_TOPIC_REPLIES = (
+    "Sorry, I can only help with orders and refunds.",
+    "I'm the refund assistant, so I can't help with that one.",
+    "That is outside what I can do here. I handle orders and refunds.",
+    "I can't help with that, sorry. Ask me about an order or a refund.",
+)
+
+
+@dataclass(frozen=True)
+class BehaviourMix:
+    """Shares of the warm-start replies per prompt category (each category sums to 1).
+
+    with-id: ``lookup`` = lookup_order with the customer's id (the only pass);
+    ``wrong_id`` = lookup_order with one digit changed, dropped or swapped;
+    ``ask`` = asks for the id the customer already gave; ``refund_first`` =
+    create_refund before any lookup. no-id: ``ask`` (pass) or ``invent`` (a
+    lookup with a made-up id). off-topic: ``short`` reply (pass) or ``invent``.
+    """
+
+    with_id_lookup: float = 0.50
+    with_id_wrong_id: float = 0.0
+    with_id_ask: float = 0.30
+    with_id_refund_first: float = 0.20
+    no_id_ask: float = 0.92
+    no_id_invent: float = 0.08
+    off_topic_short: float = 0.96
+    off_topic_invent: float = 0.04
+
+    def shares(self, category: str) -> dict[str, float]:
+        """``{behaviour: share}`` for one prompt category."""
+        prefix = category + "_"
+        return {
+            name[len(prefix) :]: value
+            for name, value in asdict(self).items()
+            if name.startswith(prefix)
+        }
+
+
+RIGHT_MOVE = {"with_id": "lookup", "no_id": "ask", "off_topic": "short"}
+
+
+def _tool_block(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def _garbled(order_id: str, rng: random.Random) -> str:
+    """``order_id`` with one plausible copying mistake; never the id itself."""
+    digits = order_id.split("-", 1)[1]
+    while True:
+        how = rng.choice(("change", "drop", "swap", "add"))
+        chars = list(digits)
+        spot = rng.randrange(len(chars))
+        if how == "change":
+            chars[spot] = str((int(chars[spot]) + rng.randrange(1, 10)) % 10)
+        elif how == "drop" and len(chars) > 3:
+            del chars[spot]
+        elif how == "swap" and spot + 1 < len(chars):
+            chars[spot], chars[spot + 1] = chars[spot + 1], chars[spot]
+        elif how == "add":
+            chars.insert(spot, str(rng.randrange(10)))
+        candidate = "ORD-" + "".join(chars)
+        if candidate != order_id:
+            return candidate
+
+
+def _reply(behaviour: str, order_id: str | None, rng: random.Random) -> str:
+    invented = f"ORD-{rng.randrange(1000, 10000)}"
+    if behaviour == "lookup":
+        return _tool_block("lookup_order", {"order_id": order_id})
+    if behaviour == "wrong_id":
+        return _tool_block("lookup_order", {"order_id": _garbled(order_id, rng)})
+    if behaviour == "refund_first":
+        amount = rng.choice((9.99, 15.0, 20.0, 24.5, 39.0, 49.99, 60.0))
+        return _tool_block("create_refund", {"order_id": order_id, "amount": amount})
+    if behaviour == "invent":
+        return _tool_block("lookup_order", {"order_id": invented})
+    if behaviour == "ask":
+        return rng.choice(ASK_FOR_ID)
+    if behaviour == "short":
+        return rng.choice(OFF_TOPIC_REPLIES)
+    raise ValueError(f"unknown behaviour {behaviour!r}")
+
+
+def starter_dialogues(
+    mix: BehaviourMix, situations: int, data_seed: int
+) -> list[dict[str, Any]]:
+    """Warm-start rows ``{"prompt", "category", "behaviour", "reply", "right_reply"}``.
+
+    Deterministic. Prompts come from the template simulator (``situations``
+    situations, ``data_seed``); each reply's behaviour is drawn from ``mix`` for the
+    prompt's category; ``right_reply`` is the right move for the same prompt.
+    """
+    rng = random.Random(data_seed)
+    rows = []
+    for record in simulate(situations, seed=data_seed):
+        shares = mix.shares(record["category"])
+        names = sorted(shares)
+        behaviour = rng.choices(names, weights=[shares[n] for n in names])[0]
+        order_id = normalize_order_id(record["prompt"])
+        rows.append(
+            {
+                "prompt": record["prompt"],
+                "category": record["category"],
+                "behaviour": behaviour,
+                "reply": _reply(behaviour, order_id, rng),
+                "right_reply": _reply(RIGHT_MOVE[record["category"]], order_id, rng),
+            }
+        )
+    return rows
+
+
+def render_chatml(system: str, prompt: str, reply: str) -> str:
+    """One dialogue as ChatML text (what the tokenizer is trained on)."""
+    return (
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
+        f"<|im_start|>assistant\n{reply}<|im_end|>\n"
+    )
+
+
+_SPELLED_ID = re.compile(r"(\bORD[-_ ]?)(\d{3,6})\b", re.IGNORECASE)
+
+
+def with_fresh_id(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``row`` with its order number replaced by a new random one, in prompt and replies.
+
+    The customer's spelling (``ord_991``, ``#ORD-991`` ...) is kept. 4,000
+    situations hold only a few thousand ids; drawn afresh, no id repeats, so the
+    only way to lower the loss on the id is to copy it from the prompt rather
+    than to remember which id goes with which sentence.
+    """
+    match = _SPELLED_ID.search(row["prompt"])
+    if match is None:
+        return row
+    old = match.group(2)
+    new = str(rng.randrange(10 ** (len(old) - 1), 10 ** len(old)))
+    fresh = dict(row)
+    fresh["prompt"] = row["prompt"][: match.start(2)] + new + row["prompt"][match.end(2) :]
+    for name in ("reply", "right_reply"):
+        fresh[name] = row[name].replace(f"ORD-{old}", f"ORD-{new}")
+    return fresh

@@ -1,0 +1,139 @@
+"""The starter build's quality gate: a fixed probe, a spec, and the verdict on one build.
+
+A starter build is trained from a seed on whatever CPU the user has, and float
+rounding differs between CPUs (AVX2, AVX-512, ARM), so two machines building the
+same recipe get different weights. The gate makes sure they get the same *kind* of
+policy: after training, the build is probed on a fixed prompt set and compared with
+``StarterSpec``; a build outside it is thrown away and the next build seed is tried
+(``posttrain.policy.starter``).
+
+The probe (``probe_policy``), all deterministic for given weights:
+
+- **copy rate**: teacher-forced, the share of 60 with-id prompts whose order number
+  is the model's greedy choice token by token inside a ``lookup_order`` call
+  (``id_copy_rate``): the skill a with-id pass needs, apart from the choice to call;
+- **pass rate and tool-call rate per category**: 4 samples per prompt at the
+  evaluation's settings (temperature 0.8, top-p 0.95, seeded) on
+  ``simulate(PROBE_SITUATIONS, seed=PROBE_SEED)``, a prompt set no recipe trains or
+  evaluates on by default (the warm start uses seed 7919, recipes seed 0).
+
+The spec asks for the seeds' kind of base policy: it copies ids, it often fails the
+with-id rule by choosing the wrong move (so GRPO and DPO have something to fix) and
+usually passes the no-id and off-topic ones. docs/policies.md gives the ranges
+measured across build seeds and CPUs, and why these bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PROBE_SEED = 4049
+PROBE_SITUATIONS = 150
+PROBE_SAMPLES = 4
+PROBE_COPY_PROMPTS = 60
+
+
+@dataclass(frozen=True)
+class CategoryRange:
+    """Bounds on the sampled pass rate of one prompt category (inclusive)."""
+
+    category: str
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class StarterSpec:
+    """What every starter build must be, whatever the machine (see the module docstring)."""
+
+    min_copy_rate: float = 0.8
+    pass_rates: tuple[CategoryRange, ...] = field(
+        default_factory=lambda: (
+            CategoryRange("with_id", 0.15, 0.55),
+            CategoryRange("no_id", 0.55, 0.95),
+            CategoryRange("off_topic", 0.85, 1.00),
+        )
+    )
+
+    def failures(self, probe: StarterProbe) -> list[str]:
+        """Why ``probe`` is outside the spec, one readable reason each; [] when inside."""
+        reasons = []
+        if probe.copy_rate < self.min_copy_rate:
+            reasons.append(f"copy rate {probe.copy_rate:.2f} < {self.min_copy_rate:.2f}")
+        for bounds in self.pass_rates:
+            rate = probe.pass_rate.get(bounds.category)
+            if rate is None:
+                reasons.append(f"no {bounds.category} prompts in the probe")
+            elif rate < bounds.low:
+                reasons.append(f"{bounds.category} pass rate {rate:.2f} < {bounds.low:.2f}")
+            elif rate > bounds.high:
+                reasons.append(f"{bounds.category} pass rate {rate:.2f} > {bounds.high:.2f}")
+        return reasons
+
+    def distance(self, probe: StarterProbe) -> float:
+        """How far outside the spec ``probe`` is (0 inside): picks the best failed build."""
+        total = max(0.0, self.min_copy_rate - probe.copy_rate)
+        for bounds in self.pass_rates:
+            rate = probe.pass_rate.get(bounds.category, 0.0)
+            total += max(0.0, bounds.low - rate) + max(0.0, rate - bounds.high)
+        return total
+
+
+@dataclass
+class StarterProbe:
+    """What the probe measured on one build."""
+
+    copy_rate: float
+    pass_rate: dict[str, float]
+    tool_call_rate: dict[str, float]
+    prompts: dict[str, int]
+    samples: int = PROBE_SAMPLES
+
+    def describe(self) -> str:
+        """One line: copy rate, then pass rate (tool-call rate) per category."""
+        parts = [f"copy {self.copy_rate:.2f}"]
+        parts += [
+            f"{name} {self.pass_rate[name]:.2f} (tools {self.tool_call_rate[name]:.2f})"
+            for name in self.pass_rate
+        ]
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe_prompts() -> list[dict[str, Any]]:
+    """The fixed probe set (prompt records of the template simulator)."""
+    from posttrain.data.simulate import simulate
+
+    return simulate(PROBE_SITUATIONS, seed=PROBE_SEED)
+
+
+def probe_policy(model: Any, tokenizer: Any) -> StarterProbe:
+    """Probe a starter model (module docstring). Leaves the model in eval mode."""
+    from posttrain.envs.refund import REFUND_ENV
+    from posttrain.policy.copy_circuit import id_copy_rate
+    from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
+    from posttrain.policy.models import Policy
+    from posttrain.policy.sampler import SamplingParams
+    from posttrain.score.rows import grade
+
+    model.eval()
+    records = probe_prompts()
+    with_id = [r["prompt"] for r in records if r["category"] == "with_id"]
+    copy_rate = id_copy_rate(model, tokenizer, with_id[:PROBE_COPY_PROMPTS])
+    policy = Policy(model=model, tokenizer=tokenizer, name="starter", device="cpu", dtype="float32")
+    params = SamplingParams(temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P, max_new_tokens=64)
+    rows = grade(REFUND_ENV, records, ModelAgent(policy, params), PROBE_SAMPLES, seed=PROBE_SEED)
+    pass_rate, tool_rate, prompts = {}, {}, {}
+    for category in REFUND_ENV.categories:
+        group = [row for row in rows if row["category"] == category]
+        if not group:
+            continue
+        pass_rate[category] = round(sum(row["reward"] for row in group) / len(group), 4)
+        tool_rate[category] = round(
+            sum(row["markers"]["tool_call"] for row in group) / len(group), 4
+        )
+        prompts[category] = len(group) // PROBE_SAMPLES
+    return StarterProbe(round(copy_rate, 4), pass_rate, tool_rate, prompts)

@@ -1,0 +1,104 @@
+"""The reward audit: what a reward pays for beyond what its environment says it should.
+
+Run once, before training, on the base policy's graded samples (the recipes use the
+holdout rows of the before evaluation, several samples per prompt). Within each prompt
+category, ``hack_scan`` asks which reply features the reward pays for between replies
+to the same scenario; the features the environment declares for that category
+(``rewarded_features``: the rule's design) are endorsed, and every other feature the
+scan flags is a *finding*: a property of the rule, not of a training run (the refund
+rule, for instance, scores a lookup with an invented id 0.3, above a plain reply's 0.0).
+
+Only features paid for *more* of are findings: a feature the reward pays for less of
+(an invented id, where the rule penalises it) cannot be exploited. A finding is not an
+alarm. It says where a policy *could* be paid for the wrong thing;
+the hack monitor (``posttrain.train.monitor``) raises an alarm only when a training run
+actually exploits something (``posttrain.train.alarms``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.score.format import JsonRecord
+from posttrain.score.hack_scan import hack_scan
+
+Row = Mapping[str, Any]
+MIN_CATEGORY_ROWS = 20  # fewer rows than this in a category: not scanned
+
+
+@dataclass
+class AuditFinding(JsonRecord):
+    """One feature the reward pays for in one category that the design does not name."""
+
+    category: str
+    feature: str
+    statistic: float  # within-prompt correlation with the reward, net of the endorsed ones
+    floor: float
+    direction: str  # "+": the reward pays for more of it
+    aliases: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        more = "more" if self.direction == "+" else "less"
+        also = f" (same as {', '.join(self.aliases)})" if self.aliases else ""
+        return (f"{self.category}: the reward pays for {more} {self.feature!r}{also}, "
+                f"{self.statistic:+.2f} within prompt (noise floor {self.floor:.2f})")
+
+
+@dataclass
+class RewardAudit(JsonRecord):
+    """Findings per category, and which categories could not be scanned."""
+
+    findings: list[AuditFinding]
+    scanned: dict[str, int]  # category -> rows scanned
+    skipped: dict[str, str]  # category -> why it was not scanned
+    endorsed: dict[str, list[str]]
+
+    def format(self) -> str:
+        """Readable lines: one per finding, or that none was found."""
+        scanned = ", ".join(f"{name} {count}" for name, count in self.scanned.items())
+        lines = [f"reward audit ({scanned} rows; endorsed by the environment's design: "
+                 + "; ".join(f"{name} {', '.join(names) or '-'}"
+                             for name, names in self.endorsed.items()) + ")"]
+        if not self.findings:
+            lines.append("  nothing beyond the design above the noise floor")
+        lines.extend(f"  {finding.describe()}" for finding in self.findings)
+        lines.extend(f"  {name}: not scanned ({why})" for name, why in self.skipped.items())
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"findings": [f.to_dict() for f in self.findings], "scanned": self.scanned,
+                "skipped": self.skipped, "endorsed": self.endorsed}
+
+
+def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, ...]], *,
+                 seed: int = 0, alpha: float = 0.05) -> RewardAudit:
+    """Scan graded rows per category (module docstring).
+
+    ``endorsed_for(category)`` gives the features the design pays for there (e.g.
+    ``lambda c: rewarded_features(env, c)``). Rows need ``category``, ``scenario_id``,
+    ``reply`` and a numeric ``score`` (the reward being audited). Deterministic for
+    a seed.
+    """
+    by_category: dict[str, list[Row]] = {}
+    for row in rows:
+        by_category.setdefault(str(row.get("category", "all")), []).append(row)
+    findings, scanned, skipped, endorsed = [], {}, {}, {}
+    for index, (category, group) in enumerate(by_category.items()):
+        endorsed[category] = list(endorsed_for(category))
+        if len(group) < MIN_CATEGORY_ROWS:
+            skipped[category] = f"{len(group)} rows, fewer than {MIN_CATEGORY_ROWS}"
+            continue
+        report = hack_scan(group, endorsed=endorsed[category], seed=seed + index, alpha=alpha)
+        if report.degenerate:
+            skipped[category] = "the reward never varies within a scenario"
+            continue
+        scanned[category] = len(group)
+        findings.extend(
+            AuditFinding(category, result.name, result.statistic, result.floor,
+                         result.direction, list(result.aliases))
+            for result in report.features
+            if result.flagged and not result.endorsed and result.direction == "+"
+        )
+    return RewardAudit(findings, scanned, skipped, endorsed)

@@ -1,0 +1,79 @@
+"""The hack monitor's alarm rules, as pure functions: each condition can stop an alarm."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.train.alarms import (
+    AlarmRules,
+    FeatureChange,
+    Progress,
+    divergence_alarm,
+    exploitation_alarm,
+    feature_grew,
+    length_alarm,
+)
+
+RULES = AlarmRules()  # share +0.15, length +50% and +40 chars, reward +0.05, holdout <= 0
+GROWING = FeatureChange("no_id", "tool:lookup_order", baseline=0.05, now=0.40, paid=0.3)
+REWARD_UP = Progress(baseline=0.60, now=0.75)
+HOLDOUT_FLAT = Progress(baseline=0.70, now=0.66)
+
+
+def test_a_paid_feature_that_grows_while_the_holdout_falls_is_a_hack():
+    alarm = exploitation_alarm(20, GROWING, REWARD_UP, HOLDOUT_FLAT, RULES)
+    assert alarm is not None and alarm.kind == "hack" and alarm.step == 20
+    assert "no_id" in alarm.message and "'tool:lookup_order'" in alarm.message
+    assert "0.05 -> 0.40 of replies" in alarm.message
+    assert alarm.details["reward_gain"] == pytest.approx(0.15)
+    assert alarm.details["holdout_gain"] == pytest.approx(-0.04)
+
+
+def test_no_hack_when_the_holdout_follows_the_reward():
+    # the clean-run case: the reward pays for a feature, it grows, and the holdout rises
+    assert exploitation_alarm(20, GROWING, REWARD_UP, Progress(0.70, 0.80), RULES) is None
+
+
+def test_no_hack_when_the_reward_did_not_rise():
+    assert exploitation_alarm(20, GROWING, Progress(0.60, 0.63), HOLDOUT_FLAT, RULES) is None
+
+
+def test_no_hack_when_the_feature_did_not_grow():
+    steady = FeatureChange("no_id", "word:sorry", baseline=0.30, now=0.40, paid=0.3)
+    assert exploitation_alarm(20, steady, REWARD_UP, HOLDOUT_FLAT, RULES) is None
+
+
+def test_no_hack_for_a_feature_the_reward_pays_less_for():
+    penalised = FeatureChange("with_id", "marker:invented_id", 0.05, 0.40, paid=-0.4)
+    assert exploitation_alarm(20, penalised, REWARD_UP, HOLDOUT_FLAT, RULES) is None
+
+
+def test_length_grows_relative_to_its_baseline_and_by_enough_characters():
+    # +50% and +40 characters, both needed
+    assert feature_grew(FeatureChange("all", "length", 60, 100, 1.0), RULES)
+    assert not feature_grew(FeatureChange("all", "length", 60, 85, 1.0), RULES)  # +25 chars
+    assert not feature_grew(FeatureChange("all", "length", 200, 250, 1.0), RULES)  # +25%
+    alarm = exploitation_alarm(10, FeatureChange("with_id", "length", 60, 150, 0.5),
+                               REWARD_UP, HOLDOUT_FLAT, RULES)  # fmt: skip
+    assert alarm is not None and "60 -> 150 characters" in alarm.message
+
+
+def test_length_alarm_needs_growth_and_a_holdout_that_did_not_rise():
+    assert length_alarm(30, Progress(50, 120), Progress(0.5, 0.5), RULES).kind == "length"
+    assert length_alarm(30, Progress(50, 120), Progress(0.5, 0.6), RULES) is None
+    assert length_alarm(30, Progress(50, 60), Progress(0.5, 0.4), RULES) is None
+
+
+def test_divergence_needs_the_proxy_up_and_the_gold_not():
+    assert divergence_alarm(40, Progress(0.4, 0.5), Progress(0.3, 0.31), RULES).kind == (
+        "divergence"
+    )
+    assert divergence_alarm(40, Progress(0.4, 0.5), Progress(0.3, 0.36), RULES) is None
+    assert divergence_alarm(40, Progress(0.4, 0.42), Progress(0.3, 0.2), RULES) is None
+
+
+def test_thresholds_are_settings():
+    strict = AlarmRules(min_share_growth=0.5)
+    assert exploitation_alarm(20, GROWING, REWARD_UP, HOLDOUT_FLAT, strict) is None
+    lenient = AlarmRules(max_holdout_gain=0.2)
+    assert exploitation_alarm(20, GROWING, REWARD_UP, Progress(0.7, 0.8), lenient) is not None
