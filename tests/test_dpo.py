@@ -226,7 +226,9 @@ FAST = [
 def round_one(starter_2m_folder, tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
     args = parser().parse_args(["dpo", *FAST, "--runs-dir", str(runs), "--run-name", "r1"])
-    assert args.func(args) in (0, 1)  # 1 only if a guard fell, which the report names
+    code = args.func(args)
+    summary = json.loads((runs / "r1" / "summary.json").read_text())
+    assert code == (0 if summary["ok"] else 1)  # 1 only if a guard fell or DOWN
     return runs / "r1"
 
 
@@ -258,8 +260,9 @@ def test_round_two_starts_from_round_one_and_saves_the_merged_policy(round_one):
         ["dpo", *FAST, "--steps", "2", "--runs-dir", str(runs), "--run-name", "r2",
          "--from-run", "r1"]
     )  # fmt: skip
-    assert args.func(args) in (0, 1)
+    code = args.func(args)
     round_two = runs / "r2"
+    assert code == (0 if json.loads((round_two / "summary.json").read_text())["ok"] else 1)
     assert (round_two / "merged" / "config.json").is_file()
     assert (round_two / "adapter" / "adapter_config.json").is_file()
     summary = json.loads((round_two / "summary.json").read_text())

@@ -29,11 +29,28 @@ SUMMARY_KEYS = {
 
 
 @pytest.fixture(scope="module")
-def finished_run(starter_2m_folder, tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    code = main(["grpo", *FAST, "--steps", "3", "--runs-dir", str(runs), "--run-name", "e2e"])
-    assert code in (0, 1)  # 1 only if a guard fell, which the report then names
-    return runs / "e2e"
+def runs_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def finished_run(starter_2m_folder, runs_root):
+    code = main(["grpo", *FAST, "--steps", "3", "--runs-dir", str(runs_root), "--run-name",
+                 "e2e"])  # fmt: skip
+    summary = json.loads((runs_root / "e2e" / "summary.json").read_text())
+    assert code == (0 if summary["ok"] else 1)  # 1 only when a guard fell or DOWN
+    return runs_root / "e2e"
+
+
+@pytest.fixture(scope="module")
+def other_seed_run(finished_run, runs_root):
+    main(["grpo", *FAST, "--steps", "3", "--seed", "1", "--runs-dir", str(runs_root),
+          "--run-name", "e2e-seed1"])  # fmt: skip
+    return runs_root / "e2e-seed1"
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.open()]
 
 
 def test_run_folder_has_every_documented_file(finished_run):
@@ -50,7 +67,8 @@ def test_summary_has_the_documented_keys(finished_run):
     summary = json.loads((finished_run / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["status"] == "done"
-    assert summary["verdict"] in ("moved", "flat", "flat (within noise)", "DOWN")
+    assert summary["delta"]["verdict"] == summary["verdict"]
+    assert summary["reward_audit"]["scanned"]  # the audit ran on the base rows
     assert {g["name"] for g in summary["by_category_before"]} <= {"with_id", "no_id", "off_topic"}
     assert len(summary["noise"]["pass_at_1"]) == 2  # two base evaluations
     assert [check["step"] for check in summary["monitor"]["checks"]] == [2, 3]
@@ -65,7 +83,7 @@ def test_every_flag_is_in_config(finished_run):
 
 
 def test_the_split_is_reproducible(finished_run):
-    data = prepare_data(DataConfig(prompts=60, seed=0), get_env("refund"))
+    data = prepare_data(DataConfig(prompts=60, seed=0), get_env("refund"))  # data seed 0
     config = json.loads((finished_run / "config.json").read_text())
     assert config["data"]["holdout"] == data.counts()["holdout"]
     before = [json.loads(line) for line in (finished_run / "holdout_before.jsonl").open()]
@@ -92,17 +110,44 @@ def test_ctrl_c_marks_the_run_stopped_and_keeps_what_was_measured(starter_2m_fol
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
-    deadline = time.monotonic() + 240
+    # generous bounds, not expected durations: a loaded CI machine can be ~6x slower
+    deadline = time.monotonic() + 900
     while time.monotonic() < deadline and process.poll() is None:
         if metrics.exists() and metrics.read_text().count("\n") >= 2:
             break
         time.sleep(0.5)
     assert process.poll() is None, process.stdout.read()
     os.kill(process.pid, signal.SIGINT)
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=900)
     assert process.returncode == 130, output
     assert "interrupted" in output
     summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stop_reason"] == "Ctrl-C"
     assert summary["before"]["pass_at_1"] is not None
     assert (tmp_path / "interrupted" / "holdout_before.jsonl").exists()
+
+
+def test_runs_that_differ_in_training_seed_share_their_holdout(finished_run, other_seed_run):
+    first = read_rows(finished_run / "holdout_before.jsonl")
+    second = read_rows(other_seed_run / "holdout_before.jsonl")
+    key = [(row["scenario_id"], row["prompt"], row["sample"], row["eval_run"]) for row in first]
+    assert key == [(r["scenario_id"], r["prompt"], r["sample"], r["eval_run"]) for r in second]
+    # same evaluation seed: the base policy's replies are the same draws, so the two runs'
+    # deltas are paired against one before side
+    assert [row["reply"] for row in first] == [row["reply"] for row in second]
+    after = read_rows(other_seed_run / "holdout_after.jsonl")
+    assert [row["prompt"] for row in after] == [
+        row["prompt"] for row in read_rows(finished_run / "holdout_after.jsonl")
+    ]
+    config = json.loads((other_seed_run / "config.json").read_text())["settings"]
+    assert (config["seed"], config["data_seed"], config["eval_seed"]) == (1, 0, 0)
+
+
+def test_eval_compare_of_the_runs_own_files_gives_its_verdict(finished_run, capsys):
+    summary = json.loads((finished_run / "summary.json").read_text())
+    code = main(["eval", "--compare", str(finished_run / "holdout_before.jsonl"),
+                 str(finished_run / "holdout_after.jsonl"), "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == (0 if summary["ok"] else 1)
+    for key in ("delta", "ci95", "p_value", "verdict", "noise_band_used"):
+        assert report[key] == summary["delta"][key], key

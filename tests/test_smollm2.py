@@ -56,6 +56,8 @@ def test_smollm2_replies_to_a_refund_prompt_that_the_env_can_grade(smollm2):
     assert "<|im_start|>assistant" in rendered
     for prompt, reply in zip(prompts, replies, strict=True):
         assert reply.strip()
-        score = REFUND_ENV.score(reply, REFUND_ENV.case_for(prompt))
-        assert 0.0 <= score <= 1.0
+        case = REFUND_ENV.case_for(prompt)
+        # graded like any reply: a score on the rule's table, markers for the guard
+        assert REFUND_ENV.score(reply, case) in {0.0, 0.2, 0.3, 1.0}
+        assert set(REFUND_ENV.markers(reply, case)) == {"well_formed", "tool_call", "invented_id"}
     assert {c.stop_reason for c in agent.last_completions} <= {"eos", "tool_call", "length"}

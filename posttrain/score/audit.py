@@ -8,8 +8,10 @@ to the same scenario; the features the environment declares for that category
 scan flags is a *finding*: a property of the rule, not of a training run (the refund
 rule, for instance, scores a lookup with an invented id 0.3, above a plain reply's 0.0).
 
-Only features paid for *more* of are findings: a feature the reward pays for less of
-(an invented id, where the rule penalises it) cannot be exploited. A finding is not an
+Findings are what the reward pays for *more* of: an unendorsed feature paid for, or an
+endorsed one paid *against* the design (``-has_question``: on no-id prompts the reward
+pays for not asking). A feature the reward pays for less of (an invented id, where the
+rule penalises it) cannot be exploited and is no finding. A finding is not an
 alarm. It says where a policy *could* be paid for the wrong thing;
 the hack monitor (``posttrain.train.monitor``) raises an alarm only when a training run
 actually exploits something (``posttrain.train.alarms``).
@@ -41,7 +43,8 @@ class AuditFinding(JsonRecord):
 
     def describe(self) -> str:
         more = "more" if self.direction == "+" else "less"
-        also = f" (same as {', '.join(self.aliases)})" if self.aliases else ""
+        shown = self.aliases[:4] + (["..."] if len(self.aliases) > 4 else [])
+        also = f" (same as {', '.join(shown)})" if self.aliases else ""
         return (f"{self.category}: the reward pays for {more} {self.feature!r}{also}, "
                 f"{self.statistic:+.2f} within prompt (noise floor {self.floor:.2f})")
 
@@ -95,10 +98,14 @@ def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, .
             skipped[category] = "the reward never varies within a scenario"
             continue
         scanned[category] = len(group)
-        findings.extend(
-            AuditFinding(category, result.name, result.statistic, result.floor,
-                         result.direction, list(result.aliases))
-            for result in report.features
-            if result.flagged and not result.endorsed and result.direction == "+"
-        )
+        for result in report.features:
+            if not result.flagged:
+                continue
+            if not result.endorsed and result.direction == "+":
+                findings.append(AuditFinding(category, result.name, result.statistic,
+                                             result.floor, "+", list(result.aliases)))
+            elif result.endorsed and result.direction == "-":
+                # the design pays for it, yet the reward pays for less of it
+                findings.append(AuditFinding(category, f"-{result.name}", -result.statistic,
+                                             result.floor, "+", list(result.aliases)))
     return RewardAudit(findings, scanned, skipped, endorsed)

@@ -50,7 +50,10 @@ def build_grpo_trainer(
     from trl import GRPOConfig, GRPOTrainer
 
     output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-grpo-")
-    config = GRPOConfig(**grpo_config_kwargs(settings, learning_rate, output_dir, policy.device))
+    with quiet_transformers_warnings():  # the config itself warns about checkpointing
+        config = GRPOConfig(
+            **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device)
+        )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
     policy.model.train()

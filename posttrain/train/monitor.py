@@ -13,8 +13,9 @@ Every ``every`` optimizer steps (and at the last step) it
    reward pays for beyond the design has grown since the base policy;
 3. applies the alarm rules of ``posttrain.train.alarms``: ``hack`` (a paid, unendorsed
    feature grows while the training reward rises and the holdout does not follow),
-   ``length`` and, with a gold judge, ``divergence``. Each alarm is raised once per
-   run (per kind, category and feature), not again at every check.
+   ``length`` and, with a gold judge, ``divergence``. Each kind is raised once per run
+   and category (the strongest feature, naming the others that grew with it), not
+   again at every check.
 
 The baseline is the before evaluation: its rows (all samples, re-scored with the
 training reward) for the rollouts, its sample-0 rows for the holdout. Without
@@ -125,7 +126,7 @@ class HackMonitor(HFTrainerCallback):
         self.stopped_by: str | None = None
         self.seconds = 0.0  # time spent in the monitor's own work
         self._scan_start = 0
-        self._raised: set[tuple[str, str, str]] = set()
+        self._raised: set[tuple[str, str]] = set()
         self._baseline_rollouts = self._rescored(baseline_rows)
         self._baseline_holdout = self._holdout_baseline(baseline_rows)
 
@@ -173,9 +174,8 @@ class HackMonitor(HFTrainerCallback):
         if check.gold is not None:
             metrics["monitor/gold"] = check.gold
         self.run.log(step, metrics)
-        for alarm in self._alarms(check):
-            key = (alarm.kind, str(alarm.details.get("category", "")),
-                   str(alarm.details.get("feature", "")))
+        for alarm in self.alarms_for(check):
+            key = (alarm.kind, str(alarm.details.get("category", "")))
             if key in self._raised:
                 continue
             self._raised.add(key)
@@ -204,7 +204,9 @@ class HackMonitor(HFTrainerCallback):
                 model.train()
         return summarise_holdout(step, rows, self.gold)
 
-    def _alarms(self, check: HoldoutCheck) -> list[Alarm]:
+    def alarms_for(self, check: HoldoutCheck) -> list[Alarm]:
+        """The alarms this check raises against the baseline (the rollouts since the
+        previous check are consumed: call it once per check)."""
         rules = self.settings.rules
         baseline = self._baseline_holdout or (self.checks[0] if self.checks else check)
         found: list[Alarm] = []
@@ -220,10 +222,12 @@ class HackMonitor(HFTrainerCallback):
             holdout = Progress(baseline.by_category.get(category, baseline.pass_at_1),
                                check.by_category.get(category, check.pass_at_1))
             reward = Progress(_mean_score(base), _mean_score(rows))
-            for change in self._paid_changes(category, base, rows, index):
-                alarm = exploitation_alarm(check.step, change, reward, holdout, rules)
-                if alarm is not None:
-                    found.append(alarm)
+            exploited = [
+                alarm for change in self._paid_changes(category, base, rows, index)
+                if (alarm := exploitation_alarm(check.step, change, reward, holdout, rules))
+            ]
+            if exploited:  # one alarm per category: the strongest, naming the others
+                found.append(_strongest(exploited))
         overall = Progress(baseline.pass_at_1, check.pass_at_1)
         alarm = length_alarm(check.step, Progress(baseline.mean_length, check.mean_length),
                              overall, rules)
@@ -239,23 +243,33 @@ class HackMonitor(HFTrainerCallback):
 
     def _paid_changes(self, category: str, base: list[dict[str, Any]],
                       rows: list[dict[str, Any]], index: int) -> list[FeatureChange]:
-        """Unendorsed features the reward pays for in ``rows``, baseline vs now."""
+        """Features the reward pays for in ``rows`` against the design, baseline vs now.
+
+        Two kinds: an unendorsed feature paid for more, and an endorsed one paid for
+        *less* (asking, on a no-id prompt, paid less than calling a tool), reported by
+        its unendorsed complement when the scan found one (``tool_call``), else as
+        ``-name``.
+        """
         endorsed = rewarded_features(self.env, category)
         scan = hack_scan(rows, endorsed=endorsed, seed=self.settings.seed + index)
-        paid = {r.name: r.statistic for r in scan.features
-                if r.flagged and not r.endorsed and r.direction == "+"}
-        if not paid:
-            return []
         columns = build_features([*base, *rows])
         changes = []
-        for name, statistic in paid.items():
-            if name not in columns:  # a word frequent in the window only: absent before
+        for result in scan.features:
+            if not result.flagged or result.endorsed == (result.direction == "+"):
                 continue
-            values = columns[name]
-            changes.append(FeatureChange(
-                category, name, float(values[: len(base)].mean()),
-                float(values[len(base) :].mean()), statistic,
-            ))
+            named = [(result.name, False)]
+            if result.endorsed:  # paid against the design: name what it pays for instead
+                complements = [(alias[1:], False) for alias in result.aliases
+                               if alias.startswith("-") and alias[1:] not in endorsed]
+                named = complements or [(result.name, True)]
+            for name, flip in named:
+                if name not in columns:  # a word frequent in the window only: absent before
+                    continue
+                values = 1.0 - columns[name] if flip else columns[name]
+                changes.append(FeatureChange(
+                    category, f"-{name}" if flip else name, float(values[: len(base)].mean()),
+                    float(values[len(base) :].mean()), abs(result.statistic),
+                ))
         return changes
 
     def summary(self) -> dict[str, Any]:
@@ -267,6 +281,16 @@ class HackMonitor(HFTrainerCallback):
             "stopped_by": self.stopped_by,
             "seconds": round(self.seconds, 3),
         }
+
+
+def _strongest(alarms: list[Alarm]) -> Alarm:
+    """The alarm whose feature the reward pays most for, with the others named in it."""
+    ranked = sorted(alarms, key=lambda alarm: -alarm.details["paid"])
+    top, others = ranked[0], [alarm.details["feature"] for alarm in ranked[1:]]
+    if others:
+        top.details["also"] = others
+        top.message += f" (growing with it: {', '.join(others)})"
+    return top
 
 
 def _mean_score(rows: Sequence[dict[str, Any]]) -> float:
