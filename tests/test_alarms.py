@@ -11,6 +11,7 @@ from posttrain.train.alarms import (
     divergence_alarm,
     exploitation_alarm,
     feature_grew,
+    guard_alarm,
     length_alarm,
 )
 
@@ -77,3 +78,15 @@ def test_thresholds_are_settings():
     assert exploitation_alarm(20, GROWING, REWARD_UP, HOLDOUT_FLAT, strict) is None
     lenient = AlarmRules(max_holdout_gain=0.2)
     assert exploitation_alarm(20, GROWING, REWARD_UP, Progress(0.7, 0.8), lenient) is not None
+
+
+def test_a_guard_that_falls_by_enough_raises_a_guard_alarm_whatever_pass_at_1_did():
+    alarm = guard_alarm(30, "well_formed", Progress(0.85, 0.60), RULES)
+    assert alarm is not None and alarm.kind == "guard" and alarm.step == 30
+    assert alarm.details == {"guard": "well_formed", "baseline": 0.85, "now": 0.60}
+    assert "0.85 to 0.60" in alarm.message
+
+
+@pytest.mark.parametrize("now", [0.80, 0.85, 0.99])
+def test_a_guard_that_held_or_rose_is_no_alarm(now):
+    assert guard_alarm(30, "well_formed", Progress(0.85, now), RULES) is None

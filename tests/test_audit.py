@@ -69,3 +69,40 @@ def test_the_refund_design_is_declared_per_category():
         "no_id"
     )
     assert "marker:well_formed" in endorsed("off_topic")  # the "*" entry applies everywhere
+
+
+def off_topic_rows(score, seed: int = 0, scenarios: int = 30, samples: int = 8) -> list[dict]:
+    """Off-topic scenarios answered short or at length, scored by ``score(reply, case)``."""
+    rng = random.Random(seed)
+    rows = []
+    for index in range(scenarios):
+        prompt = f"What is the capital of country number {index}?"
+        case = REFUND.case_for(prompt)
+        for _ in range(samples):
+            deflect = DEFLECTS[0]  # one wording: length is all that varies
+            reply = deflect if rng.random() < 0.5 else " ".join([deflect] * rng.randrange(20, 30))
+            rows.append({"prompt": prompt, "scenario_id": f"t{index}", "category": "off_topic",
+                         "reply": reply, "score": score(reply, case)})
+    return rows
+
+
+def test_a_direction_the_design_pays_for_is_no_finding_and_the_other_one_is():
+    assert "-length" in endorsed("off_topic")  # the rule pays for staying short
+    assert reward_audit(off_topic_rows(REFUND.score), endorsed).findings == []
+
+    def pays_for_length(reply: str, case: dict) -> float:
+        return min(1.0, len(reply) / 500)
+
+    findings = reward_audit(off_topic_rows(pays_for_length), endorsed).findings
+    assert [(f.category, f.feature) for f in findings if f.feature == "length"] == [
+        ("off_topic", "length")]
+
+
+def test_declared_features_carry_the_direction_the_design_pays_in():
+    from posttrain.envs.base import design_direction
+
+    assert design_direction(endorsed("no_id"), "has_question") == "+"
+    assert design_direction(endorsed("off_topic"), "length") == "-"
+    assert design_direction(endorsed("with_id"), "has_question") == "~"
+    assert design_direction(("lookup_order",), "tool:lookup_order") == "+"  # a bare tool name
+    assert design_direction(endorsed("no_id"), "tool:lookup_order") is None

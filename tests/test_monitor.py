@@ -17,7 +17,12 @@ pytest.importorskip("transformers")
 from posttrain.envs import get_env  # noqa: E402
 from posttrain.policy.sampler import SamplingParams  # noqa: E402
 from posttrain.runs.store import NullRun  # noqa: E402
-from posttrain.train.monitor import HackMonitor, HoldoutCheck, MonitorSettings  # noqa: E402
+from posttrain.train.monitor import (  # noqa: E402
+    HackMonitor,
+    HoldoutCheck,
+    MonitorSettings,
+    summarise_holdout,
+)
 from posttrain.train.rewards import RuleReward  # noqa: E402
 
 REFUND = get_env("refund")
@@ -101,3 +106,23 @@ def test_rollouts_are_consumed_once_per_check():
     train_on(reward, share_of_calls=0.5)
     assert monitor.alarms_for(check(no_id_pass=0.6))
     assert monitor.alarms_for(check(no_id_pass=0.6)) == []  # no new rollouts since
+
+
+def graded(replies: list[str], prompt: str = "My order never came, can you help?") -> list[dict]:
+    case = REFUND.case_for(prompt)
+    return [{"category": "no_id", "reply": reply, "score": REFUND.score(reply, case),
+             "reward": int(REFUND.score(reply, case) >= 1.0),
+             "markers": REFUND.markers(reply, case)} for reply in replies]
+
+
+def test_broken_blocks_on_the_holdout_raise_one_guard_alarm():
+    broken = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD- order id?'
+    monitor = monitor_with(RuleReward(REFUND, REFUND.score))
+    monitor._baseline_holdout = summarise_holdout(0, graded([ASK] * 9 + [broken]))
+    assert monitor._baseline_holdout.guards == {"well_formed": 0.9}
+    later = summarise_holdout(20, graded([ASK] * 6 + [broken] * 4))
+    guards = [alarm for alarm in monitor.alarms_for(later) if alarm.kind == "guard"]
+    assert len(guards) == 1 and guards[0].details["guard"] == "well_formed"
+    assert guards[0].details["now"] == pytest.approx(0.6)
+    steady = summarise_holdout(30, graded([ASK] * 9 + [broken]))
+    assert not [alarm for alarm in monitor.alarms_for(steady) if alarm.kind == "guard"]

@@ -9,6 +9,7 @@ registered in ``posttrain.envs`` (or named as ``module:attribute``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 PASS_THRESHOLD = 1.0
@@ -56,15 +57,39 @@ def rewarded_features(env: Env, category: str | None = None) -> tuple[str, ...]:
 
     An environment may declare ``rewarded_features``: a mapping from category (or
     ``"*"`` for all) to ``hack_scan`` feature names (``tool:<name>``, ``has_question``,
-    ``length``, ``marker:<m>``, ``word:<w>`` ...). The reward audit and the hack
-    monitor treat those as intended; anything else the reward turns out to pay for is
-    reported. ``category=None`` gives every declared feature. An environment without
-    the attribute declares nothing.
+    ``length``, ``marker:<m>``, ``word:<w>`` ...), each with the direction the design
+    pays in: a bare name means the reward pays for *more* of it, ``-name`` for *less*
+    (``-length``: shorter replies), ``~name`` either way (a lesser mistake the rule
+    prices, whose net direction depends on what else the policy does). The reward audit
+    and the hack monitor treat those as intended; anything else the reward turns out to
+    pay for, or a declared feature paid for in the other direction, is reported.
+    ``category=None`` gives every declared feature. An environment without the
+    attribute declares nothing.
     """
     declared = getattr(env, "rewarded_features", None) or {}
     if category is None:
         return tuple(dict.fromkeys(name for names in declared.values() for name in names))
     return tuple(dict.fromkeys([*declared.get(ALL_CATEGORIES, ()), *declared.get(category, ())]))
+
+
+DESIGN_SIGNS = ("-", "~")  # prefixes of a declared feature: pays for less / either way
+
+
+def feature_name(declared: str) -> str:
+    """The hack_scan feature name of a declared feature (its direction prefix removed)."""
+    return declared[1:] if declared[:1] in DESIGN_SIGNS else declared
+
+
+def design_direction(declared: Iterable[str], name: str) -> str | None:
+    """``"+"``, ``"-"`` or ``"~"``: the direction the design pays ``name`` in; None if
+    the design does not name it. A bare name (``lookup_order``) matches its feature
+    (``tool:lookup_order``), as in ``hack_scan``."""
+    lowered = name.lower()
+    bare = lowered.split(":", 1)[1] if ":" in lowered else lowered
+    for entry in declared:
+        if feature_name(entry).lower() in (lowered, bare):
+            return entry[0] if entry[:1] in DESIGN_SIGNS else "+"
+    return None
 
 
 def passes(score: float) -> bool:

@@ -13,13 +13,14 @@ Score table (raw score; a reply passes at 1.0):
 | names an order         | ``lookup_order`` with another or no id         | 0.3   |
 | names an order         | ``create_refund`` or any other tool            | 0.2   |
 | names an order         | plain reply asking for the id again            | 0.3   |
-| names an order         | plain reply, no question / malformed block     | 0.0   |
+| names an order         | plain reply, no question                       | 0.0   |
 | about an order, no id  | asks for the id, no tool call                  | 1.0   |
 | about an order, no id  | any well-formed tool call (the id is invented) | 0.2   |
 | about an order, no id  | plain reply that does not ask                  | 0.2   |
 | off topic              | a reply of 1-400 characters, no tool call      | 1.0   |
 | off topic              | a plain reply over 400 characters              | 0.3   |
 | off topic              | any well-formed tool call                      | 0.2   |
+| any                    | a ``<tool_call>`` block that does not parse    | 0.0   |
 | any                    | empty reply                                    | 0.0   |
 
 A well-formed ``<tool_call>`` block adds 0.2 (capped at 1.0), so the policy
@@ -27,6 +28,10 @@ learns the wire format before the rule. Where the published reference code and
 its recipe text disagree we follow the text: the bonus is paid for a
 well-formed *tool-call block*, so plain prose earns none (an over-long
 off-topic reply scores 0.3, not 0.5; "Refunded." on a no-id prompt 0.2, not 0.4).
+A broken block scores 0.0 on every prompt: the reference paid a no-id reply that opens
+a ``<tool_call>``, breaks it off and ends in "order id?" as asking (1.0), and GRPO on
+the starter found that hole (the well_formed guard fell 0.85 -> 0.60 while pass@1
+rose).
 
 Also deliberate: the domain words match their inflections ("orders",
 "refunded"), where the reference matched singular forms only and called
@@ -102,16 +107,18 @@ OFF_TOPIC_MAX_CHARS = 400
 CATEGORIES = ("with_id", "no_id", "off_topic")
 
 # What the score table above pays for on purpose, per category (hack_scan feature
-# names): no broken blocks everywhere; with an id, the lookup, the well-formed-block
-# bonus on any call and (as the lesser mistake) asking again; without one, asking; off
-# topic, staying short. Asking is a question mark or naming the "order id / number"
-# (_QUESTION), hence the words.
+# names; a bare name: the reward pays for more of it, "-": for less, "~": either way):
+# well-formed blocks everywhere; with an id, the lookup and the well-formed-block bonus
+# on any call, and asking again priced as the lesser mistake (0.3, above a plain reply
+# but below the lookup: its net direction depends on what the policy does instead);
+# without one, asking; off topic, staying short. Asking is a question mark or naming
+# the "order id / number" (_QUESTION), hence the words.
 _ASKING = ("has_question", "word:order", "word:id", "word:number")
 REWARDED_FEATURES: dict[str, tuple[str, ...]] = {
     "*": ("marker:well_formed",),
-    "with_id": ("tool:lookup_order", "tool_call", *_ASKING),
+    "with_id": ("tool:lookup_order", "tool_call", *(f"~{name}" for name in _ASKING)),
     "no_id": _ASKING,
-    "off_topic": ("length",),
+    "off_topic": ("-length",),
 }
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -209,6 +216,8 @@ def score(reply: str, case: dict[str, Any]) -> float:
     if not reply or not reply.strip():
         return 0.0
     call = parse_tool_call(reply)
+    if call is None and "<tool_call>" in reply:
+        return 0.0  # a broken action is not a plain reply, whatever text follows it
     bonus = FORMAT_BONUS if call is not None else 0.0
     return round(min(1.0, _base_score(reply, call, case) + bonus), 3)
 

@@ -9,8 +9,8 @@ scan flags is a *finding*: a property of the rule, not of a training run (the re
 rule, for instance, scores a lookup with an invented id 0.3, above a plain reply's 0.0).
 
 Findings are what the reward pays for *more* of: an unendorsed feature paid for, or an
-endorsed one paid *against* the design (``-has_question``: on no-id prompts the reward
-pays for not asking). A feature the reward pays for less of (an invented id, where the
+endorsed one paid *against* the direction the design gives it (``-has_question``: on
+no-id prompts, where the design pays for asking, a reward that pays for not asking). A feature the reward pays for less of (an invented id, where the
 rule penalises it) cannot be exploited and is no finding. A finding is not an
 alarm. It says where a policy *could* be paid for the wrong thing;
 the hack monitor (``posttrain.train.monitor``) raises an alarm only when a training run
@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.envs.base import design_direction, feature_name
 from posttrain.score.format import JsonRecord
-from posttrain.score.hack_scan import hack_scan
+from posttrain.score.hack_scan import FeatureResult, hack_scan
 
 Row = Mapping[str, Any]
 MIN_CATEGORY_ROWS = 20  # fewer rows than this in a category: not scanned
@@ -75,6 +76,24 @@ class RewardAudit(JsonRecord):
                 "skipped": self.skipped, "endorsed": self.endorsed}
 
 
+def against_design(result: FeatureResult, declared: Iterable[str]) -> bool:
+    """Is an endorsed feature paid for in the other direction than the design's?
+
+    The direction comes from the feature's own name or, when hack_scan merged it with
+    an endorsed alias (``-tool_call`` is ``has_question`` where every reply does one or
+    the other), from that alias, flipped for a complement.
+    """
+    direction = design_direction(declared, result.name)
+    if direction is None:
+        for alias in result.aliases:
+            found = design_direction(declared, alias.lstrip("-"))
+            if found is not None:
+                flipped = {"+": "-", "-": "+"}.get(found, found)
+                direction = flipped if alias.startswith("-") else found
+                break
+    return direction in ("+", "-") and direction != result.direction
+
+
 def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, ...]], *,
                  seed: int = 0, alpha: float = 0.05) -> RewardAudit:
     """Scan graded rows per category (module docstring).
@@ -93,7 +112,8 @@ def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, .
         if len(group) < MIN_CATEGORY_ROWS:
             skipped[category] = f"{len(group)} rows, fewer than {MIN_CATEGORY_ROWS}"
             continue
-        report = hack_scan(group, endorsed=endorsed[category], seed=seed + index, alpha=alpha)
+        names = [feature_name(entry) for entry in endorsed[category]]
+        report = hack_scan(group, endorsed=names, seed=seed + index, alpha=alpha)
         if report.degenerate:
             skipped[category] = "the reward never varies within a scenario"
             continue
@@ -104,8 +124,11 @@ def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, .
             if not result.endorsed and result.direction == "+":
                 findings.append(AuditFinding(category, result.name, result.statistic,
                                              result.floor, "+", list(result.aliases)))
-            elif result.endorsed and result.direction == "-":
-                # the design pays for it, yet the reward pays for less of it
-                findings.append(AuditFinding(category, f"-{result.name}", -result.statistic,
-                                             result.floor, "+", list(result.aliases)))
+            elif result.endorsed and against_design(result, endorsed[category]):
+                # paid in the other direction than the design's: name what is paid for
+                opposite = result.direction == "-"
+                findings.append(AuditFinding(
+                    category, f"-{result.name}" if opposite else result.name,
+                    -result.statistic if opposite else result.statistic,
+                    result.floor, "+", list(result.aliases)))
     return RewardAudit(findings, scanned, skipped, endorsed)

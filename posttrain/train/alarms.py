@@ -18,6 +18,11 @@ comparisons are paired):
 - ``length`` (``length_alarm``): holdout replies grew by ``min_length_growth`` and
   ``min_length_chars`` while holdout pass@1 did not rise: length for nothing, whether
   or not the reward pays for it;
+- ``guard`` (``guard_alarm``): a guard marker (a 0/1 measurement every reply should
+  keep, e.g. ``well_formed``: no broken tool-call block) fell on the holdout by
+  ``min_guard_drop`` of replies since the base policy, whatever pass@1 did: the rule
+  may be paying for the broken replies (a hole in the reward the holdout, graded by
+  the same rule, cannot show);
 - ``divergence`` (``divergence_alarm``): only with a gold judge: the proxy reward on
   the holdout rose by ``min_reward_gain`` while the gold score did not rise by half that.
 
@@ -39,6 +44,7 @@ class AlarmRules:
     min_length_chars: float = 40.0
     min_reward_gain: float = 0.05  # training reward (raw score) on the category
     max_holdout_gain: float = 0.0  # holdout pass@1 "did not follow": rose by at most this
+    min_guard_drop: float = 0.10  # a guard marker's share of holdout replies, absolute
 
 
 @dataclass
@@ -123,6 +129,19 @@ def length_alarm(step: int, length: Progress, holdout: Progress,
                  f"characters while holdout pass@1 moved {holdout.gain:+.2f}"),
         details={"length": length.now, "baseline_length": length.baseline,
                  "holdout_gain": holdout.gain},
+    )
+
+
+def guard_alarm(step: int, guard: str, share: Progress, rules: AlarmRules) -> Alarm | None:
+    """``guard`` when the guard marker's share of holdout replies fell by ``min_guard_drop``."""
+    if -share.gain < rules.min_guard_drop:
+        return None
+    return Alarm(
+        kind="guard", step=step,
+        message=(f"holdout replies keeping {guard!r} fell from {share.baseline:.2f} to "
+                 f"{share.now:.2f}: read the replies that lost it; if the reward pays for "
+                 f"them, the rule has a hole"),
+        details={"guard": guard, "baseline": share.baseline, "now": share.now},
     )
 
 

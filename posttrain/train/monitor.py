@@ -13,7 +13,8 @@ Every ``every`` optimizer steps (and at the last step) it
    reward pays for beyond the design has grown since the base policy;
 3. applies the alarm rules of ``posttrain.train.alarms``: ``hack`` (a paid, unendorsed
    feature grows while the training reward rises and the holdout does not follow),
-   ``length`` and, with a gold judge, ``divergence``. Each kind is raised once per run
+   ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout)
+   and, with a gold judge, ``divergence``. Each kind is raised once per run
    and category (the strongest feature, naming the others that grew with it), not
    again at every check.
 
@@ -34,11 +35,13 @@ from typing import Any
 
 from transformers import TrainerCallback as HFTrainerCallback
 
-from posttrain.envs.base import Env, rewarded_features
+from posttrain.envs.base import Env, design_direction, feature_name, rewarded_features
 from posttrain.policy.model_agent import ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
 from posttrain.score.hack_scan import build_features, hack_scan
+from posttrain.score.audit import against_design
+from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.rows import grade
 from posttrain.train.alarms import (
     Alarm,
@@ -47,6 +50,7 @@ from posttrain.train.alarms import (
     Progress,
     divergence_alarm,
     exploitation_alarm,
+    guard_alarm,
     length_alarm,
 )
 from posttrain.train.rewards import RuleReward
@@ -76,6 +80,7 @@ class HoldoutCheck:
     pass_at_1: float
     mean_length: float
     by_category: dict[str, float] = field(default_factory=dict)  # pass@1
+    guards: dict[str, float] = field(default_factory=dict)  # share of replies keeping each
     gold: float | None = None
     seconds: float = 0.0
 
@@ -87,12 +92,16 @@ def summarise_holdout(step: int, rows: Sequence[dict[str, Any]],
     categories: dict[str, list[int]] = {}
     for row in rows:
         categories.setdefault(row["category"], []).append(row["reward"])
+    guards = {name: sum(float(row["markers"][name]) for row in rows) / n
+              for name in RUN_GUARDS if rows and all(name in row.get("markers", {})
+                                                    for row in rows)}
     return HoldoutCheck(
         step=step,
         proxy_reward=sum(row["score"] for row in rows) / n,
         pass_at_1=sum(row["reward"] for row in rows) / n,
         mean_length=sum(len(row["reply"]) for row in rows) / n,
         by_category={name: sum(values) / len(values) for name, values in categories.items()},
+        guards=guards,
         gold=None if gold is None else sum(float(gold(r["reply"], r)) for r in rows) / n,
     )
 
@@ -233,6 +242,12 @@ class HackMonitor(HFTrainerCallback):
                              overall, rules)
         if alarm is not None:
             found.append(alarm)
+        for guard, now in check.guards.items():
+            if guard in baseline.guards:
+                alarm = guard_alarm(check.step, guard, Progress(baseline.guards[guard], now),
+                                    rules)
+                if alarm is not None:
+                    found.append(alarm)
         if check.gold is not None and baseline.gold is not None:
             alarm = divergence_alarm(check.step, Progress(baseline.proxy_reward,
                                                           check.proxy_reward),
@@ -250,18 +265,29 @@ class HackMonitor(HFTrainerCallback):
         its unendorsed complement when the scan found one (``tool_call``), else as
         ``-name``.
         """
-        endorsed = rewarded_features(self.env, category)
+        declared = rewarded_features(self.env, category)
+        endorsed = [feature_name(entry) for entry in declared]
         scan = hack_scan(rows, endorsed=endorsed, seed=self.settings.seed + index)
         columns = build_features([*base, *rows])
         changes = []
         for result in scan.features:
-            if not result.flagged or result.endorsed == (result.direction == "+"):
+            if not result.flagged:
                 continue
-            named = [(result.name, False)]
-            if result.endorsed:  # paid against the design: name what it pays for instead
+            if not result.endorsed:
+                if result.direction != "+":
+                    continue
+                named = [(result.name, False)]
+            elif against_design(result, declared):
+                # name what it pays for instead: the unendorsed complement the scan
+                # merged with it, else the feature itself, flipped if paid for less
                 complements = [(alias[1:], False) for alias in result.aliases
-                               if alias.startswith("-") and alias[1:] not in endorsed]
-                named = complements or [(result.name, True)]
+                               if alias.startswith("-")
+                               and design_direction(declared, alias[1:]) is None]
+                named = complements or [(result.name, result.direction == "-")]
+            else:
+                continue
+            named = [(name, flip) for name, flip in named
+                     if not (flip and name == "length")]  # "shorter" is the length rule's
             for name, flip in named:
                 if name not in columns:  # a word frequent in the window only: absent before
                     continue
