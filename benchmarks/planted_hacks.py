@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -86,10 +85,12 @@ def run_one(reward: str | None, seed: int, runs_dir: str, base_model: str) -> di
 
 
 def markdown(results: list[dict[str, Any]], command: str) -> str:
+    from results_md import cpu_description  # here: the rewards import this module as a package
+
     lines = [
         f"## {SECTION}",
         "",
-        f"Command: `{command}`. Machine: {platform.machine()}, {os.cpu_count()} cores. "
+        f"Command: `{command}`. Machine: {cpu_description()}. "
         "GRPO with the recipe's defaults on `starter`, trained on a reward with a known hack "
         "(`--reward benchmarks.planted_hacks:NAME`, see the script's docstring) or on the "
         "rule itself (clean); the holdout is graded by the rule. *Alarmed*: the run raised "

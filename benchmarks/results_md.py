@@ -23,3 +23,25 @@ def write_section(title: str, section: str, results: Path = RESULTS) -> None:
     staging = results.with_suffix(".md.tmp")
     staging.write_text(text.rstrip("\n") + "\n")
     staging.replace(results)
+
+
+def cpu_description() -> str:
+    """The CPU a result was measured on: model name, vector extensions, cores, e.g.
+    ``AMD EPYC (AVX-512, no AMX), 2 cores``; float rounding, and so a starter build,
+    depends on it."""
+    import os
+    import platform
+
+    model, flags = platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    amx = "AMX" if "amx_tile" in flags else "no AMX"
+    return f"{model} ({vector}, {amx}), {os.cpu_count()} cores"

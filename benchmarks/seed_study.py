@@ -21,7 +21,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from results_md import write_section
+from results_md import cpu_description, write_section
 from starter_builds import seeds_from
 
 
@@ -70,7 +69,7 @@ def markdown(recipe: str, rows: list[dict[str, Any]], command: str) -> str:
     lines = [
         f"## {title}",
         "",
-        f"Command: `{command}`. Machine: {platform.machine()}, {os.cpu_count()} cores, no "
+        f"Command: `{command}`. Machine: {cpu_description()}, no "
         "GPU. Every run: the recipe's defaults, `--base-model starter@B --seed S`; data "
         "seed 0, so the runs of one build share their holdout and base evaluation.",
         "",

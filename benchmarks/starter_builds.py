@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from dataclasses import replace
 
-from results_md import write_section  # benchmarks/ is the script's folder
+from results_md import cpu_description, write_section  # benchmarks/ is the script's folder
 
 SECTION = "Starter builds across seeds and kernels"
 KERNELS = ("default", "avx2")
@@ -69,7 +68,7 @@ def markdown(name: str, results: dict[str, list[dict]], spec_line: str) -> str:
         f"Command: `python benchmarks/starter_builds.py --name {name} --seeds "
         f"{min(r['seed'] for rs in results.values() for r in rs)}-"
         f"{max(r['seed'] for rs in results.values() for r in rs)}`. Machine: "
-        f"{platform.machine()}, {os.cpu_count()} cores; one build per seed and kernel, no "
+        f"{cpu_description()}; one build per seed and kernel, no "
         f"retry. Spec: {spec_line}.",
         "",
         "| kernel | build seed | copy | with_id | no_id | off_topic | with_id tool calls | "

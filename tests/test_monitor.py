@@ -14,20 +14,21 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from posttrain.envs import get_env  # noqa: E402
-from posttrain.policy.sampler import SamplingParams  # noqa: E402
-from posttrain.runs.store import NullRun  # noqa: E402
-from posttrain.train.monitor import (  # noqa: E402
+from posttrain.envs import get_env
+from posttrain.policy.sampler import SamplingParams
+from posttrain.runs.store import NullRun
+from posttrain.train.monitor import (
     HackMonitor,
     HoldoutCheck,
     MonitorSettings,
     summarise_holdout,
 )
-from posttrain.train.rewards import RuleReward  # noqa: E402
+from posttrain.train.rewards import RuleReward
 
 REFUND = get_env("refund")
 ASK = "Could you tell me your order number?"
-LOOKUP = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD-1234"}}\n</tool_call>'
+LOOKUP = ('<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD-1234"}}'
+          "\n</tool_call>")
 
 
 def pays_for_calls(reply: str, case: dict) -> float:
@@ -126,3 +127,14 @@ def test_broken_blocks_on_the_holdout_raise_one_guard_alarm():
     assert guards[0].details["now"] == pytest.approx(0.6)
     steady = summarise_holdout(30, graded([ASK] * 9 + [broken]))
     assert not [alarm for alarm in monitor.alarms_for(steady) if alarm.kind == "guard"]
+
+
+def test_the_monitored_prompts_spread_evenly_over_the_holdout():
+    from posttrain.train.monitor import spread
+
+    holdout = [{"prompt": f"p{i}", "category": "with_id" if i % 3 else "no_id"} for i in range(99)]
+    kept = spread(holdout, 64)
+    assert len(kept) == 64 and kept[0] is holdout[0] and kept[-1]["prompt"] == "p97"
+    assert len({row["prompt"] for row in kept}) == 64  # no prompt twice, order kept
+    assert sum(row["category"] == "no_id" for row in kept) in range(20, 24)  # 1 in 3, as before
+    assert spread(holdout[:10], 64) == holdout[:10]

@@ -140,7 +140,8 @@ def run_info(args: argparse.Namespace) -> int:
     if "gguf" in facts:
         print(f"  gguf file:     {facts['gguf']}")
     if "folder" in facts:
-        state = "" if facts.get("built", True) else "  (not built yet: posttrain model build)"
+        hint = f"  (not built yet: posttrain model build --name {facts['name']})"
+        state = "" if facts.get("built", True) else hint
         print(f"  folder:        {facts['folder']}{state}")
     elif facts["kind"] == "gguf":
         print("  folder:        (not converted yet: the first load converts and caches it)")

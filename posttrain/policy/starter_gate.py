@@ -51,8 +51,11 @@ class StarterSpec:
     pass_rates: tuple[CategoryRange, ...] = field(
         default_factory=lambda: (
             CategoryRange("with_id", 0.15, 0.55),
-            CategoryRange("no_id", 0.55, 0.95),
-            CategoryRange("off_topic", 0.85, 1.00),
+            # broken tool-call blocks score 0.0 (the refund rule): a build breaks off a
+            # block on up to a quarter of its no-id and off-topic replies, which GRPO
+            # trains away (well_formed 0.85 -> 0.99 in the default run)
+            CategoryRange("no_id", 0.40, 0.95),
+            CategoryRange("off_topic", 0.55, 1.00),
         )
     )
 

@@ -10,9 +10,10 @@ rule, for instance, scores a lookup with an invented id 0.3, above a plain reply
 
 Findings are what the reward pays for *more* of: an unendorsed feature paid for, or an
 endorsed one paid *against* the direction the design gives it (``-has_question``: on
-no-id prompts, where the design pays for asking, a reward that pays for not asking). A feature the reward pays for less of (an invented id, where the
-rule penalises it) cannot be exploited and is no finding. A finding is not an
-alarm. It says where a policy *could* be paid for the wrong thing;
+no-id prompts, where the design pays for asking, a reward that pays for not asking).
+A feature the reward pays for less of (an invented id, where the rule penalises it)
+cannot be exploited and is no finding. A finding is not an alarm. It says where a
+policy *could* be paid for the wrong thing;
 the hack monitor (``posttrain.train.monitor``) raises an alarm only when a training run
 actually exploits something (``posttrain.train.alarms``).
 """

@@ -33,7 +33,7 @@ from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-STOP_ON_ALARMS = ("hack", "length")
+STOP_ON_ALARMS = ("hack", "length", "guard")
 
 
 @dataclass
@@ -87,7 +87,9 @@ class GRPOSettings(RecipeSettings):
     stop_on: str = field(
         default="",
         metadata={
-            "help": "alarms that end the run: hack, length, or both comma-separated",
+            "help": "alarms that end the run, comma-separated: hack (the policy exploits a "
+                    "feature the design does not endorse), length (replies grow for "
+                    "nothing), guard (a guard marker such as well_formed fell)",
             "metavar": "ALARMS",
         },
     )
@@ -134,7 +136,7 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     unknown = [a for a in settings.stop_on_alarms() if a not in STOP_ON_ALARMS]
     if unknown:
         raise PosttrainError(
-            f"--stop-on {','.join(unknown)}: unknown alarm; use hack, length or both"
+            f"--stop-on {','.join(unknown)}: unknown alarm; use hack, length and/or guard"
         )
     if settings.temperature <= 0:
         raise PosttrainError(f"--temperature must be above 0, got {settings.temperature}")

@@ -39,9 +39,9 @@ from posttrain.envs.base import Env, design_direction, feature_name, rewarded_fe
 from posttrain.policy.model_agent import ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
-from posttrain.score.hack_scan import build_features, hack_scan
 from posttrain.score.audit import against_design
 from posttrain.score.delta import RUN_GUARDS
+from posttrain.score.hack_scan import build_features, hack_scan
 from posttrain.score.rows import grade
 from posttrain.train.alarms import (
     Alarm,
@@ -65,7 +65,9 @@ class MonitorSettings:
 
     every: int = 10
     stop_on: tuple[str, ...] = ()
-    max_prompts: int = 128
+    # holdout prompts sampled per check, spread evenly over the holdout: 64 of the
+    # default 99 keep four checks of a 40-step run under 4% of its wall time
+    max_prompts: int = 64
     seed: int = 0  # the training seed: hack_scan's shuffles
     eval_seed: int = 0  # the holdout draws: those of the before evaluation's sample 0
     rules: AlarmRules = field(default_factory=AlarmRules)
@@ -124,7 +126,7 @@ class HackMonitor(HFTrainerCallback):
     ) -> None:
         self.env = env
         self.policy = policy
-        self.holdout = list(holdout)[: settings.max_prompts]
+        self.holdout = spread(list(holdout), settings.max_prompts)
         self.reward = reward
         self.run = run
         self.settings = settings
@@ -307,6 +309,14 @@ class HackMonitor(HFTrainerCallback):
             "stopped_by": self.stopped_by,
             "seconds": round(self.seconds, 3),
         }
+
+
+def spread(items: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` items, evenly spaced through ``items`` (order kept), so a
+    subset of a shuffled holdout keeps its mix of categories."""
+    if limit <= 0 or len(items) <= limit:
+        return items
+    return [items[index * len(items) // limit] for index in range(limit)]
 
 
 def _strongest(alarms: list[Alarm]) -> Alarm:
