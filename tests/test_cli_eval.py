@@ -53,11 +53,16 @@ def test_behaviour_knobs_change_the_result(capsys):
     assert with_id_right > json.loads(out)["pass_at"]["pass_at_1"]
 
 
-def test_bad_behaviour_flag_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "--behaviour", "with_id=fly:0.5"])
+def test_bad_behaviour_flag_is_a_usage_error(capsys, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    assert main(["eval", "--behaviour", "with_id=fly:0.5", "--out", str(out)]) == 2
+    assert "unknown move 'fly'; use right, invent" in capsys.readouterr().err
+    assert main(["eval", "--behaviour", "sideways=right:0.5", "--out", str(out)]) == 2
+    assert "unknown category; use one of with_id, no_id, off_topic" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # the shape is checked by argparse
+        main(["eval", "--behaviour", "with_id=right:lots"])
     assert exit_info.value.code == 2
-    assert "unknown behaviour 'fly'" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_compare_prints_paired_delta_and_verdict(capsys, tmp_path):

@@ -16,7 +16,7 @@ from posttrain.commands.dataclass_args import settings_from_args
 from posttrain.data.prepare import DataConfig, prepare_data
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.errors import InputFileError, PosttrainError
-from posttrain.policy.agents import Behaviour, seeded_agent
+from posttrain.envs.refund.agent import Behaviour, seeded_agent
 from posttrain.train.dpo import DPOSettings, check_dpo_settings, dpo_config_kwargs, run_dpo
 from posttrain.train.pairs import build_preference_pairs, export_preference
 
@@ -137,7 +137,7 @@ def good_pair() -> dict:
         {"prompt": WITH_ID, "reply": LOOKUP, "score": 1.0, "scenario_id": "a"},
         {"prompt": WITH_ID, "reply": "No.", "score": 0.0, "scenario_id": "a"},
     ]
-    return build_preference_pairs(rows)[0][0]
+    return build_preference_pairs(env=REFUND_ENV, rows=rows)[0][0]
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ import pytest
 
 from posttrain.envs.refund import REFUND_ENV, normalize_order_id, parse_tool_call
 from posttrain.errors import InputFileError
-from posttrain.policy.agents import Behaviour, seeded_agent
+from posttrain.envs.refund.agent import Behaviour, seeded_agent
+from posttrain.envs.refund.negatives import invented_call
 from posttrain.train.pairs import (
     PairReport,
     build_preference_pairs,
     constructed_negatives,
     export_preference,
-    invented_call,
     load_pairs,
     sample_pair_rows,
     side_text,
@@ -50,7 +50,7 @@ def test_the_rejected_reply_is_the_one_closest_in_length_to_the_chosen():
         row(NO_ID, "Okay, noted. Bye now.", 0.2),  # 21 characters: the closest
         row(NO_ID, "Refunded.", 0.2),
     ]
-    pairs, _ = build_preference_pairs(rows)
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert chosen_and_rejected(pairs) == [("What is your order id?", "Okay, noted. Bye now.")]
 
 
@@ -60,7 +60,7 @@ def test_without_length_matching_the_highest_scoring_candidate_is_rejected():
         row(WITH_ID, "Refunded.", 0.0),
         row(WITH_ID, "Which order is it?", 0.3),
     ]
-    pairs, _ = build_preference_pairs(rows, length_match=False)
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=rows, length_match=False)
     assert chosen_and_rejected(pairs) == [(LOOKUP, "Which order is it?")]
 
 
@@ -71,7 +71,7 @@ def test_each_reply_joins_at_most_one_pair():
         row(WITH_ID, LOOKUP + " ", 1.0),
         row(WITH_ID, REFUND_FIRST, 0.2),
     ]
-    pairs, report = build_preference_pairs(rows)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert len(pairs) == 1
     assert report.sampled_pairs == 1
 
@@ -79,13 +79,13 @@ def test_each_reply_joins_at_most_one_pair():
 def test_a_prompt_gives_at_most_max_pairs_per_prompt():
     rows = [row(NO_ID, f"What is the order id{'?' * n}", 1.0) for n in range(1, 4)]
     rows += [row(NO_ID, f"Noted{'.' * n}", 0.2) for n in range(1, 4)]
-    assert len(build_preference_pairs(rows)[0]) == 2
-    assert len(build_preference_pairs(rows, max_pairs_per_prompt=3)[0]) == 3
+    assert len(build_preference_pairs(env=REFUND_ENV, rows=rows)[0]) == 2
+    assert len(build_preference_pairs(env=REFUND_ENV, rows=rows, max_pairs_per_prompt=3)[0]) == 3
 
 
 def test_a_gap_below_the_minimum_margin_is_no_pair():
     rows = [row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "Which order is it?", 0.7)]
-    pairs, report = build_preference_pairs(rows)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert pairs == []
     assert (report.prompts_seen, report.prompts_with_contrast) == (1, 0)
     assert any("--pair-samples" in warning for warning in report.warnings)
@@ -95,7 +95,7 @@ def test_a_near_miss_pairs_with_a_right_answer_on_the_raw_score():
     # 1.0 against 0.3: both "fail" as a 0/1 reward would be 1 vs 0 only for one of them;
     # the raw score keeps the 0.7 gap, which clears the 0.5 margin
     rows = [row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "Which order is it?", 0.3)]
-    pairs, _ = build_preference_pairs(rows)
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert [p["margin"] for p in pairs] == [0.7]
 
 
@@ -106,7 +106,7 @@ def test_pairs_whose_first_turns_read_the_same_are_dropped_and_counted():
         "\n</tool_call>"
     )
     rows = [row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, reordered, 0.2)]
-    pairs, report = build_preference_pairs(rows)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert pairs == []
     assert report.identical_first_turns_dropped == 1
     assert report.prompts_with_contrast == 1
@@ -117,14 +117,14 @@ def test_prompts_group_by_text_whatever_the_case_and_spacing():
         row("Where is my order?", "What is the order id?", 1.0, scenario="a"),
         row("where  is my ORDER?", "Bye.", 0.2, scenario="b"),
     ]
-    pairs, report = build_preference_pairs(rows)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert report.prompts_seen == 1
     assert len(pairs) == 1
     assert pairs[0]["scenario_id"] == "a"  # noted from the chosen reply's row
 
 
 def test_a_pair_is_a_trl_conversational_row_with_our_fields():
-    pairs, _ = build_preference_pairs([row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)])
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=[row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)])
     pair = pairs[0]
     assert pair["prompt"] == REFUND_ENV.messages_for(WITH_ID)
     assert pair["chosen"] == [{"role": "assistant", "content": LOOKUP}]
@@ -140,15 +140,15 @@ def test_the_length_confound_warning_needs_eight_pairs_with_the_chosen_side_long
             rows += [row(prompt, "Could you send the order id?", 1.0), row(prompt, "Ok.", 0.2)]
         return rows
 
-    seven = build_preference_pairs(rows_for(7))[1]
-    eight = build_preference_pairs(rows_for(8))[1]
+    seven = build_preference_pairs(env=REFUND_ENV, rows=rows_for(7))[1]
+    eight = build_preference_pairs(env=REFUND_ENV, rows=rows_for(8))[1]
     assert seven.chosen_longer_share == 1.0 and not any("length" in w for w in seven.warnings)
     assert any("length confound" in warning for warning in eight.warnings)
 
 
 def test_a_row_without_a_score_is_refused_by_index():
     with pytest.raises(ValueError, match="row 1: field 'score'"):
-        build_preference_pairs([row(NO_ID, "a", 1.0), {"prompt": NO_ID, "reply": "b"}])
+        build_preference_pairs(env=REFUND_ENV, rows=[row(NO_ID, "a", 1.0), {"prompt": NO_ID, "reply": "b"}])
 
 
 # ---------------------------------------------------------------- constructed negatives
@@ -161,7 +161,7 @@ def test_a_constructed_pair_takes_the_shortest_passing_plain_reply():
         row(NO_ID, "Ok.", 0.2),  # shorter, but fails
         row(NO_ID, LOOKUP, 0.2),  # a call is never the chosen side
     ]
-    (pair,) = constructed_negatives(rows)
+    (pair,) = constructed_negatives(rows, env=REFUND_ENV)
     assert side_text(pair, "chosen") == "Order id?"
     assert side_text(pair, "rejected") == invented_call(NO_ID)
     assert pair["constructed"] is True
@@ -172,7 +172,7 @@ def test_constructed_pairs_are_one_per_distinct_prompt_and_skip_prompts_with_an_
     rows = [row(NO_ID, "Order id?", 1.0), row(NO_ID, "Which order?", 1.0)]
     rows += rows  # what --balance repeats look like
     rows += [row(OFF_TOPIC, "I only handle orders.", 1.0), row(WITH_ID, "Order id?", 0.3)]
-    pairs = constructed_negatives(rows)
+    pairs = constructed_negatives(rows, env=REFUND_ENV)
     assert [p["prompt"][-1]["content"] for p in pairs] == [NO_ID, OFF_TOPIC]
 
 
@@ -181,7 +181,7 @@ def test_constructed_pairs_are_capped_at_the_share_of_sampled_pairs():
     for n in range(10):
         prompt = f"Where is my order number {n}?"  # no order id: sampled and constructed pairs
         rows += [row(prompt, "What is the order id?", 1.0), row(prompt, "Ok.", 0.2)]
-    pairs, report = build_preference_pairs(rows, constructed_share=0.3)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows, constructed_share=0.3)
     assert (report.sampled_pairs, report.constructed_cap, report.constructed_pairs) == (10, 3, 3)
     # the kept three are spread over the ten prompts, not the first three
     kept = [p["prompt"][-1]["content"] for p in pairs if p["constructed"]]
@@ -190,7 +190,7 @@ def test_constructed_pairs_are_capped_at_the_share_of_sampled_pairs():
 
 def test_with_no_sampled_pair_there_is_no_constructed_pair():
     rows = [row(NO_ID, "What is the order id?", 1.0), row(OFF_TOPIC, "Not my area.", 1.0)]
-    pairs, report = build_preference_pairs(rows, constructed_share=0.3)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows, constructed_share=0.3)
     assert pairs == []
     assert report.constructed_cap == 0
 
@@ -217,7 +217,7 @@ def test_the_invented_id_avoids_every_number_the_prompt_holds():
 def test_export_then_load_gives_the_same_pairs(tmp_path):
     rows = [row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)]
     rows += [row(NO_ID, "What is the order id?", 1.0, "s2"), row(NO_ID, "Ok.", 0.2, "s2")] * 3
-    pairs, _ = build_preference_pairs(rows, constructed_share=1.0)
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=rows, constructed_share=1.0)
     assert any(p["constructed"] for p in pairs)
     path = export_preference(pairs, tmp_path / "pairs.jsonl")
     loaded, skipped = load_pairs(path)
@@ -230,7 +230,7 @@ def _write_lines(path, lines: list[str]) -> None:
 
 
 def _good_line() -> dict:
-    pairs, _ = build_preference_pairs([row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)])
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=[row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)])
     return pairs[0]
 
 
@@ -303,7 +303,7 @@ def test_seeded_samples_of_a_mixed_policy_give_pairs_and_a_report():
     agent = seeded_agent(with_id=Behaviour(right=0.5, refund_first=0.5))
     records = [{"prompt": WITH_ID, "scenario_id": "a", "category": "with_id"}]
     rows = sample_pair_rows(REFUND_ENV, records, agent, 8, seed=0)
-    pairs, report = build_preference_pairs(rows)
+    pairs, report = build_preference_pairs(env=REFUND_ENV, rows=rows)
     assert isinstance(report, PairReport)
     assert 1 <= len(pairs) <= 2
     assert all(side_text(p, "chosen") == LOOKUP for p in pairs)

@@ -16,7 +16,7 @@ from posttrain.data.prompts import (
     split_holdout_stratified,
     summary,
 )
-from posttrain.data.simulate import simulate
+from posttrain.envs.refund.prompts import simulate
 from posttrain.errors import InputFileError
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.data.simulate import prompt_set_sha256, simulate
+from posttrain.data.prompts import prompt_set_sha256
+from posttrain.envs.refund.prompts import simulate
 from posttrain.envs.refund import case_for, category
 
 # SHA-256 of the canonical JSONL of simulate(200, seed=0); measured on CPython
@@ -82,7 +83,8 @@ def test_same_bytes_on_other_pythons(version):
         pytest.skip(f"python{version} is not installed here")
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from posttrain.data.simulate import simulate, prompt_set_sha256;"
+        "from posttrain.envs.refund.prompts import simulate;"
+        "from posttrain.data.prompts import prompt_set_sha256;"
         "print(prompt_set_sha256(simulate(200, 0)))"
     )
     result = subprocess.run(

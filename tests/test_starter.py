@@ -154,7 +154,7 @@ def test_build_records_its_recipe_and_is_reused(starter_2m_folder):
 
 
 def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m):
-    from posttrain.data.simulate import simulate
+    from posttrain.envs.refund.prompts import simulate
     from posttrain.policy.starter import new_model
 
     prompts = [r["prompt"] for r in simulate(60, seed=0) if r["category"] == "with_id"][:20]
@@ -168,7 +168,7 @@ def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m)
 
 
 def test_the_built_starter_2m_copies_order_ids(starter_2m):
-    from posttrain.data.simulate import simulate
+    from posttrain.envs.refund.prompts import simulate
 
     # the spec's floor is 0.8 on the probe set; these are other prompts (evaluation seed 0)
     prompts = [r["prompt"] for r in simulate(200, seed=0) if r["category"] == "with_id"][:30]

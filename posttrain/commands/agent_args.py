@@ -8,35 +8,27 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from posttrain.envs.base import Env, env_hook
 from posttrain.errors import PosttrainError
-from posttrain.policy.agents import Behaviour, SeededAgentConfig, seeded_agent
-
-BEHAVIOUR_KEYS = ("right", "invent", "refund_first", "malformed")
 
 
-def parse_behaviour(text: str) -> tuple[str, Behaviour]:
-    """Parse ``CATEGORY=key:p[,key:p...]``, e.g. ``with_id=right:0.3,refund_first:0.3``."""
+def parse_behaviour(text: str) -> tuple[str, dict[str, float]]:
+    """Parse ``CATEGORY=move:p[,move:p...]``, e.g. ``with_id=right:0.3,refund_first:0.3``.
+
+    The category and the moves are the environment's (checked when the agent is built,
+    once ``--env`` is known); here only the shape and the numbers.
+    """
     category, _, spec = text.partition("=")
-    if category not in ("with_id", "no_id", "off_topic") or not spec:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected CATEGORY=key:p[,key:p], CATEGORY one of with_id, no_id, off_topic"
-        )
+    if not category or not spec:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CATEGORY=move:p[,move:p]")
     values: dict[str, float] = {}
     for part in spec.split(","):
         key, _, number = part.partition(":")
-        if key not in BEHAVIOUR_KEYS:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: unknown behaviour {key!r}; use {', '.join(BEHAVIOUR_KEYS)}"
-            )
         try:
             values[key] = float(number)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: {number!r} is not a number") from None
-    values.setdefault("right", 0.0)
-    try:
-        return category, Behaviour(**values)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    return category, values
 
 
 def add_agent_args(parser: argparse.ArgumentParser) -> None:
@@ -48,18 +40,14 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
         help="'seeded': the scripted agent (no model); 'model': a language model "
         "(implied by --base-model). Default: seeded unless --base-model is given",
     )
-    defaults = SeededAgentConfig()
     group.add_argument(
         "--behaviour",
         action="append",
         type=parse_behaviour,
         default=[],
-        metavar="CATEGORY=key:p,...",
-        help="scripted agent behaviour per category; keys right, invent, refund_first, "
-        "malformed (probabilities; the rest is plain prose). Defaults: "
-        f"with_id right:{defaults.with_id.right},refund_first:{defaults.with_id.refund_first}; "
-        f"no_id right:{defaults.no_id.right},invent:{defaults.no_id.invent}; "
-        f"off_topic right:{defaults.off_topic.right}. Repeatable",
+        metavar="CATEGORY=move:p,...",
+        help="the scripted agent's moves per category, as probabilities; repeatable. The "
+        f"moves are the environment's; {_default_behaviour_help()}",
     )
     group.add_argument(
         "--agent-seed", type=int, default=0, help="the scripted agent's seed (default 0)"
@@ -83,14 +71,33 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_agent(args: argparse.Namespace) -> Any:
+def _default_behaviour_help() -> str:
+    """The default environment's moves, for ``--help`` (it is not yet known which
+    environment ``--env`` will name)."""
+    from posttrain.envs import DEFAULT_ENV, get_env
+
+    env = get_env()
+    describe = getattr(env, "behaviour_help", None)
+    return f"for {DEFAULT_ENV}: {describe()}" if callable(describe) else ""
+
+
+def build_agent(args: argparse.Namespace, env: Env) -> Any:
     """The agent the flags describe. A model is loaded only when asked for."""
     kind = args.agent or ("model" if args.base_model else "seeded")
     if kind == "seeded":
         if args.base_model or args.adapter:
             raise PosttrainError("--base-model/--adapter need --agent model (or no --agent)")
-        overrides = dict(args.behaviour)
-        return seeded_agent(SeededAgentConfig(**overrides), seed=args.agent_seed)
+        scripted = env_hook(env, "scripted_agent", "has no scripted agent",
+                            "evaluate a model with --base-model")
+        behaviour = dict(args.behaviour)
+        unknown = [name for name in behaviour if name not in env.categories]
+        if unknown:
+            raise PosttrainError(f"--behaviour {unknown[0]}=...: unknown category; use one of "
+                                 f"{', '.join(env.categories)}")
+        try:
+            return scripted(seed=args.agent_seed, behaviour=behaviour)
+        except ValueError as error:
+            raise PosttrainError(f"--behaviour: {error}") from None
     if not args.base_model:
         raise PosttrainError("--agent model needs --base-model (e.g. --base-model starter)")
     from posttrain.policy.model_agent import agent_for_model

@@ -12,7 +12,7 @@ import sys
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
 from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
-from posttrain.envs import get_env
+from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
 
 
@@ -52,7 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--holdout", type=float, default=0.2, help="share of scenarios held out (default 0.2)"
     )
-    data.add_argument("--env", default="refund", help="environment name or module:attribute")
+    data.add_argument(
+        "--env",
+        default=DEFAULT_ENV,
+        help=f"environment name or module:attribute (default {DEFAULT_ENV})",
+    )
     add_agent_args(parser)
     sampling = parser.add_argument_group("evaluation")
     sampling.add_argument(
@@ -108,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
     prompts = {"holdout": data.holdout, "train": data.train, "all": data.train + data.holdout}[
         args.split
     ]
-    agent = build_agent(args)
+    agent = build_agent(args, env)
     from posttrain.score.evaluate import evaluate
 
-    print(data.describe(), file=sys.stderr)
+    print(data.describe(tuple(env.categories)), file=sys.stderr)
     evaluation = evaluate(
         env,
         prompts,

@@ -14,6 +14,7 @@ from collections import Counter
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
 from posttrain.data.prepare import DEFAULT_SITUATIONS
+from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import (
     DEFAULT_CONSTRUCTED_SHARE,
@@ -64,7 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--balance", type=float, default=0.0, help="repeat minority train categories (default 0)"
     )
-    data.add_argument("--env", default="refund", help="environment name or module:attribute")
+    data.add_argument(
+        "--env",
+        default=DEFAULT_ENV,
+        help=f"environment name or module:attribute (default {DEFAULT_ENV})",
+    )
     add_agent_args(build)
     pairing = build.add_argument_group("pairing")
     pairing.add_argument(
@@ -85,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pairing.add_argument(
         "--constructed-negatives",
         action="store_true",
-        help="add (own plain reply, invented lookup_order call) pairs on id-less prompts",
+        help="add (own passing reply, the environment's known-bad reply) pairs where it knows "
+        "one (refund: an invented lookup on prompts without an id)",
     )
     pairing.add_argument(
         "--constructed-share",
@@ -104,7 +110,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the chosen side is longer (with the length-confound warning), pairs per category.",
     )
     stats.add_argument("file", help="a pairs JSONL")
-    stats.add_argument("--env", default="refund", help="environment name or module:attribute")
+    stats.add_argument(
+        "--env",
+        default=DEFAULT_ENV,
+        help=f"environment name or module:attribute (default {DEFAULT_ENV})",
+    )
     stats.add_argument("--skip-invalid", action="store_true", help="drop bad lines and count them")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     stats.set_defaults(func=run_stats)
@@ -135,8 +145,8 @@ def run_build(args: argparse.Namespace) -> int:
         ),
         env,
     )
-    print(data.describe(), file=sys.stderr)
-    agent = build_agent(args)
+    print(data.describe(tuple(env.categories)), file=sys.stderr)
+    agent = build_agent(args, env)
     total = args.pair_samples * len(data.train)
     with progress_bar("pairs: sampling", total) as update:
         rows = sample_pair_rows(

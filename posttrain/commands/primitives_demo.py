@@ -1,4 +1,4 @@
-"""``posttrain primitives-demo``: GRPO on the refund rule over the primitives service."""
+"""``posttrain primitives-demo``: GRPO on an environment over the primitives service."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 
 DESCRIPTION = """\
-GRPO on the refund environment driven entirely through the training-primitives service
+GRPO on an environment (--env, the refund rule by default) driven entirely through the
+training-primitives service
 (posttrain serve): this process owns prompts, rewards, advantages and the loss payload;
 the server owns the model, sampling and ordered execution. Starts a server in-process
 (or uses --url), runs the ordered loop (save_weights_for_sampler N -> sample N -> score
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "primitives-demo",
-        help="GRPO on the refund rule through the primitives service, pass@1 before/after",
+        help="GRPO on an environment through the primitives service, pass@1 before/after",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

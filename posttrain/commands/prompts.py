@@ -15,8 +15,8 @@ from posttrain.data.prompts import (
     split_holdout_stratified,
     summary,
 )
-from posttrain.data.simulate import simulate
-from posttrain.envs import get_env
+from posttrain.envs import DEFAULT_ENV, get_env
+from posttrain.envs.base import Env, env_hook
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="simulator seed (a recipe's --data-seed); same seed, same bytes (default 0)",
     )
+    _add_env(write)
     write.set_defaults(func=run_write)
 
     stats = actions.add_parser(
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stats.add_argument("file", help="JSONL prompt file")
     stats.add_argument("--json", action="store_true", help="print the counts as JSON")
+    _add_env(stats)
     stats.set_defaults(func=run_stats)
 
     split = actions.add_parser(
@@ -69,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     split.add_argument("--train-out", required=True, help="train JSONL to write")
     split.add_argument("--holdout-out", required=True, help="holdout JSONL to write")
+    _add_env(split)
     split.set_defaults(func=run_split)
 
     filter_ = actions.add_parser(
@@ -85,45 +88,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     filter_.add_argument(
         "--jaccard", type=float, default=0.8, help="near-duplicate threshold (default 0.8)"
     )
+    _add_env(filter_)
     filter_.set_defaults(func=run_filter)
 
 
-def _print_counts(counts: dict[str, int], label: str = "") -> None:
-    categories = ", ".join(
-        f"{name} {counts[name]}" for name in ("with_id", "no_id", "off_topic") if name in counts
+def _add_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env",
+        default=DEFAULT_ENV,
+        help=f"environment: reads each prompt's category and ground truth (default {DEFAULT_ENV})",
     )
+
+
+def _print_counts(counts: dict[str, int], env: Env, label: str = "") -> None:
+    named = [name for name in env.categories if name in counts]
+    others = sorted(set(counts) - {"prompts", "scenarios", *named})
+    categories = ", ".join(f"{name} {counts[name]}" for name in [*named, *others])
     print(f"{label}{counts['prompts']} prompts, {counts['scenarios']} scenarios ({categories})")
 
 
 def run_write(args: argparse.Namespace) -> int:
-    records = simulate(args.prompts, seed=args.seed)
+    env = get_env(args.env)
+    write_prompts = env_hook(
+        env, "write_prompts", "writes no prompts",
+        'write them yourself as JSONL, one {"prompt": ..., "scenario_id": ...} a line',
+    )
+    records = write_prompts(args.prompts, seed=args.seed)
     save_prompts(args.out, records)
-    _print_counts(summary(records), label=f"wrote {args.out}: ")
+    _print_counts(summary(records), env, label=f"wrote {args.out}: ")
     return 0
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    counts = summary(load_prompts(args.file))
+    env = get_env(args.env)
+    counts = summary(load_prompts(args.file, env=env))
     if args.json:
         print(json.dumps(counts, sort_keys=True))
     else:
-        _print_counts(counts, label=f"{args.file}: ")
+        _print_counts(counts, env, label=f"{args.file}: ")
     return 0
 
 
 def run_split(args: argparse.Namespace) -> int:
-    records = load_prompts(args.file)
+    env = get_env(args.env)
+    records = load_prompts(args.file, env=env)
     splitter = split_holdout_stratified if args.stratified else split_holdout
     train, holdout = splitter(records, args.holdout)
     save_prompts(args.train_out, train)
     save_prompts(args.holdout_out, holdout)
-    _print_counts(summary(train), label=f"train   {args.train_out}: ")
-    _print_counts(summary(holdout), label=f"holdout {args.holdout_out}: ")
+    _print_counts(summary(train), env, label=f"train   {args.train_out}: ")
+    _print_counts(summary(holdout), env, label=f"holdout {args.holdout_out}: ")
     return 0
 
 
 def run_filter(args: argparse.Namespace) -> int:
-    env = get_env("refund")
+    env = get_env(args.env)
     records = load_prompts(args.file, env=env)
     wanted: dict[str, str] = {}
     for record in records:  # a scenario's category is its first seed prompt's

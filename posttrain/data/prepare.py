@@ -17,8 +17,7 @@ from posttrain.data.prompts import (
     split_holdout_stratified,
     summary,
 )
-from posttrain.data.simulate import simulate
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, env_hook
 from posttrain.errors import PosttrainError
 
 # Template situations every command writes by default: ~520 prompts from ~390
@@ -57,16 +56,16 @@ class PreparedData:
         """``{"train": summary, "holdout": summary}`` (prompts, scenarios, per category)."""
         return {"train": summary(self.train), "holdout": summary(self.holdout)}
 
-    def describe(self) -> str:
-        """Two readable lines: the source and the split with counts per category."""
+    def describe(self, categories: tuple[str, ...] = ()) -> str:
+        """Two readable lines: the source and the split with counts per category
+        (``categories`` first, in their order: the environment's; then any other)."""
         lines = [f"prompts: {self.source}"]
         for side, records in (("train", self.train), ("holdout", self.holdout)):
             counts = summary(records)
-            per_category = ", ".join(
-                f"{name} {counts[name]}"
-                for name in ("with_id", "no_id", "off_topic")
-                if name in counts
-            )
+            present = {r["category"] for r in records}
+            order = [*[c for c in categories if c in present],
+                     *sorted(present.difference(categories))]
+            per_category = ", ".join(f"{name} {counts[name]}" for name in order)
             lines.append(
                 f"  {side:<8}{counts['prompts']:>5} prompts, {counts['scenarios']:>4} scenarios"
                 f"  ({per_category})"
@@ -86,7 +85,9 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     else:
         if config.prompts < 1:
             raise PosttrainError(f"--prompts must be at least 1, got {config.prompts}")
-        records = simulate(config.prompts, seed=config.seed)
+        write_prompts = env_hook(env, "write_prompts", "writes no prompts",
+                                 "give --prompts-file")
+        records = write_prompts(config.prompts, seed=config.seed)
         source = f"template simulator, {config.prompts} situations, seed {config.seed}"
     stratify = bool(config.prompts_file) if config.stratify is None else config.stratify
     if not 0.0 < config.holdout < 1.0:

@@ -13,6 +13,7 @@ sampling seed, on Python's ``hash()`` or on the order of the file.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections import Counter
@@ -30,7 +31,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 def _default_env() -> Env:
     from posttrain.envs import get_env
 
-    return get_env("refund")
+    return get_env()  # the default environment
 
 
 def make_record(
@@ -222,3 +223,12 @@ def summary(records: list[dict[str, Any]]) -> dict[str, int]:
     out = {"prompts": len(records), "scenarios": len({str(r["scenario_id"]) for r in records})}
     out.update({name: counts[name] for name in sorted(counts)})
     return out
+
+
+def prompt_set_sha256(records: list[dict[str, Any]]) -> str:
+    """SHA-256 of a prompt set's canonical JSONL (key order sorted), for pinning."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()

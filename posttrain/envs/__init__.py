@@ -2,37 +2,40 @@
 
 from __future__ import annotations
 
-import importlib
-
-from posttrain.envs.base import Env, passes, rewarded_features
+from posttrain.envs.base import REQUIRED_MEMBERS, Env, passes, rewarded_features
 from posttrain.errors import PosttrainError
+from posttrain.plugins import load_object
 
 # built-in environments: name -> "module:attribute"
 BUILTIN_ENVS = {
     "refund": "posttrain.envs.refund:REFUND_ENV",
 }
+#: what every command uses without --env
+DEFAULT_ENV = "refund"
 
 
-def get_env(name: str = "refund") -> Env:
+def get_env(name: str = DEFAULT_ENV) -> Env:
     """Return the environment called ``name``.
 
-    ``name`` is a built-in name (``refund``) or ``package.module:attribute`` for a
-    user's own environment object. Raises ``PosttrainError`` naming the choices.
+    ``name`` is a built-in name (``refund``), ``package.module:attribute`` or
+    ``path/to/file.py:attribute`` for a user's own environment object. Raises
+    ``PosttrainError`` naming the choices, or what a user's object lacks.
     """
     target = BUILTIN_ENVS.get(name, name)
     if ":" not in target:
         known = ", ".join(sorted(BUILTIN_ENVS))
         raise PosttrainError(
-            f"unknown environment {name!r}: use one of {known}, or 'module:attribute'"
+            f"unknown environment {name!r}: use one of {known}, or module:attribute "
+            "(or file.py:attribute)"
         )
-    module_name, attribute = target.split(":", 1)
-    try:
-        env = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise PosttrainError(f"cannot load environment {name!r}: {error}") from error
+    env = load_object(target, "--env", "my_rules.py:ENV")
     if not isinstance(env, Env):
-        raise PosttrainError(f"{name!r} is not an environment (see posttrain.envs.base.Env)")
+        missing = [member for member in REQUIRED_MEMBERS if not hasattr(env, member)]
+        raise PosttrainError(
+            f"--env {name!r} is not an environment: it lacks {', '.join(missing) or '?'} "
+            "(see docs/environments.md, 'Write your own rule')"
+        )
     return env
 
 
-__all__ = ["BUILTIN_ENVS", "Env", "get_env", "passes", "rewarded_features"]
+__all__ = ["BUILTIN_ENVS", "DEFAULT_ENV", "Env", "get_env", "passes", "rewarded_features"]

@@ -5,12 +5,30 @@ the ground truth ("case") out of a prompt, and a reward that is a plain
 function of the reply. A reply *passes* when its raw score is at least 1.0.
 A second environment is one new module that defines such an object and is
 registered in ``posttrain.envs`` (or named as ``module:attribute``).
+
+Optional hooks, each used by the commands that need it (``env_hook`` stops a
+command that needs a missing one with an error naming the flag that replaces it):
+
+- ``write_prompts(count, seed) -> list[dict]``: a prompt writer (records with
+  ``prompt``, ``scenario_id``, ``category``, ``case``); the recipes and ``posttrain
+  prompts write`` use it when no ``--prompts-file`` is given;
+- ``scripted_agent(seed, behaviour) -> agent``: a scripted reference agent (no
+  model) for ``posttrain eval --agent seeded``; ``behaviour`` maps a category to
+  ``{move: probability}``; ``behaviour_help() -> str`` says which moves exist;
+- ``constructed_negative(prompt, case) -> str | None``: a known-bad reply for a
+  prompt, for DPO's ``--constructed-negatives``;
+- ``rewarded_features``: what the reward pays for by design (``rewarded_features``
+  below), for the reward audit and the hack monitor.
+
+``categories`` (required) names the prompt categories in display order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
+
+from posttrain.errors import PosttrainError
 
 PASS_THRESHOLD = 1.0
 
@@ -46,6 +64,23 @@ class Env(Protocol):
     def markers(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
         """Side measurements of the reply (0/1 floats), e.g. ``well_formed``."""
         ...
+
+
+#: what ``Env`` requires (the optional hooks are not here)
+REQUIRED_MEMBERS = ("name", "categories", "tools", "system", "messages_for", "case_for",
+                    "category", "score", "markers")
+
+
+def env_hook(env: Env, name: str, lacks: str, instead: str) -> Callable[..., Any]:
+    """The environment's optional hook ``name``, or a ``PosttrainError`` such as
+    "environment 'shout' writes no prompts (no write_prompts hook): give --prompts-file"
+    (``lacks`` = "writes no prompts", ``instead`` = "give --prompts-file")."""
+    hook = getattr(env, name, None)
+    if not callable(hook):
+        raise PosttrainError(
+            f"environment {getattr(env, 'name', env)!r} {lacks} (no {name} hook): {instead}"
+        )
+    return hook
 
 
 #: the key of ``rewarded_features`` that applies to every category

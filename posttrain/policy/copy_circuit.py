@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.data.simulate import ID_SPELLINGS
 from posttrain.envs.refund import SYSTEM, normalize_order_id
+from posttrain.envs.refund.prompts import ID_SPELLINGS
 
 # layers 0 and 1 hold the circuit; their attention is not trained
 CIRCUIT_LAYERS = 2

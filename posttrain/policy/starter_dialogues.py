@@ -17,8 +17,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from posttrain.data.simulate import simulate
 from posttrain.envs.refund import normalize_order_id
+from posttrain.envs.refund.prompts import simulate
 
 ASK_FOR_ID = (
     "Could you tell me your order number?",

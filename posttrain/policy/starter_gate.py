@@ -108,7 +108,7 @@ class StarterProbe:
 
 def probe_prompts() -> list[dict[str, Any]]:
     """The fixed probe set (prompt records of the template simulator)."""
-    from posttrain.data.simulate import simulate
+    from posttrain.envs.refund.prompts import simulate
 
     return simulate(PROBE_SITUATIONS, seed=PROBE_SEED)
 

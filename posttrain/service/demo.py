@@ -1,12 +1,13 @@
-"""GRPO on the refund environment, entirely over the primitives service.
+"""GRPO on an environment (the refund rule by default), entirely over the primitives service.
 
 What ``posttrain primitives-demo`` runs. The server (in this process on a free port, or
 the one at ``--url``) owns the model; this side owns everything else:
 
-1. prompts from the template simulator, split into train and a stratified holdout;
+1. prompts from the environment's writer (or ``--prompts-file``), split into train and
+   a stratified holdout;
 2. ``rl.run_rl_loop`` with ``algorithms.grpo``: each cycle saves sampler version N,
-   samples a group per training prompt from N, scores each completion with the refund
-   rule (``REFUND_ENV.score`` on the detokenised reply), and sends group-mean advantages
+   samples a group per training prompt from N, scores each completion with the
+   environment's rule (``env.score`` on the detokenised reply), sends group-mean advantages
    with the ``importance_sampling`` loss, then one explicit AdamW step. Groups whose
    samples all score the same are skipped and counted (the seed's build_loss would stop
    the run; a real run meets them often on a partly trained policy);
@@ -29,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.prompts import split_holdout_stratified
-from posttrain.data.simulate import simulate
-from posttrain.envs.refund import REFUND_ENV
+from posttrain.data.prompts import load_prompts, split_holdout_stratified
+from posttrain.envs import DEFAULT_ENV, get_env
+from posttrain.envs.base import Env, env_hook
 from posttrain.policy.agents import stable_seed
 from posttrain.score.delta import delta
 from posttrain.score.passat import pass_at
@@ -40,7 +41,7 @@ from posttrain.service import algorithms
 from posttrain.service.client import Run, ServiceClient
 from posttrain.service.rl import LoopSettings, run_rl_loop
 
-STOP = ("</tool_call>",)
+STOP = ("</tool_call>",)  # the wire format's end of a call (posttrain.envs.wire)
 
 
 @dataclass
@@ -52,7 +53,12 @@ class DemoSettings:
         default=None, metadata={"help": "use a running server instead of starting one here"}
     )
     token: str | None = field(default=None, metadata={"help": "bearer token for --url"})
+    env: str = field(default=DEFAULT_ENV,
+                     metadata={"help": "environment name or module:attribute"})
     prompts: int = field(default=200, metadata={"help": "template situations to write"})
+    prompts_file: str | None = field(
+        default=None, metadata={"help": "a JSONL prompt set instead of the environment's writer"}
+    )
     seed: int = field(default=0, metadata={"help": "data and sampling seed"})
     holdout: float = field(default=0.2, metadata={"help": "share of scenarios held out"})
     eval_prompts: int = field(default=48, metadata={"help": "holdout prompts evaluated"})
@@ -86,7 +92,8 @@ def _pick(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     return [records[int(i * step)] for i in range(count)]
 
 
-def _evaluate(client: ServiceClient, run: Run, version: int, eval_requests: list[dict],
+def _evaluate(env: Env, client: ServiceClient, run: Run, version: int,
+              eval_requests: list[dict],
               settings: DemoSettings, label: str) -> list[dict[str, Any]]:
     """Graded rows of the holdout sampled from sampler ``version`` (same seeds per prompt)."""
     operations = [
@@ -105,7 +112,7 @@ def _evaluate(client: ServiceClient, run: Run, version: int, eval_requests: list
                 "max_tokens": settings.max_tokens}
     policy = {"base_model": settings.base_model, "service_run": run.id, "version": version,
               "label": label}
-    return grade_replies(REFUND_ENV, graded_requests, replies, policy=policy, sampling=sampling)
+    return grade_replies(env, graded_requests, replies, policy=policy, sampling=sampling)
 
 
 def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -136,14 +143,20 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
     caps = client.capabilities()
     say(f"server {client.url}: {caps['base_model']['name']} "
         f"({caps['base_model']['parameters']:,} parameters), losses: {', '.join(caps['losses'])}")
-    train, holdout = split_holdout_stratified(simulate(settings.prompts, settings.seed),
-                                              settings.holdout)
+    env = get_env(settings.env)
+    if settings.prompts_file:
+        records = load_prompts(settings.prompts_file, env=env)
+    else:
+        write_prompts = env_hook(env, "write_prompts", "writes no prompts",
+                                 "give --prompts-file")
+        records = write_prompts(settings.prompts, seed=settings.seed)
+    train, holdout = split_holdout_stratified(records, settings.holdout)
     evaluated = _pick(holdout, settings.eval_prompts)
 
     def request_for(record: dict[str, Any]) -> dict[str, Any]:
-        ids = client.tokenize(messages=REFUND_ENV.messages_for(record["prompt"]))
+        ids = client.tokenize(messages=env.messages_for(record["prompt"]))
         return {"prompt": {"token_ids": ids}, "record": record,
-                "case": REFUND_ENV.case_for(record["prompt"]),
+                "case": env.case_for(record["prompt"]),
                 "eval_seed": stable_seed("primitives-demo", settings.seed, record["prompt"])}
 
     eval_requests = [request_for(record) for record in evaluated]
@@ -156,7 +169,7 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
         return [cache.setdefault(i, request_for(train[i])) for i in picked]
 
     def reward(tokens: list[int], request: dict[str, Any]) -> float:
-        return REFUND_ENV.score(client.detokenize(tokens), request["case"])
+        return env.score(client.detokenize(tokens), request["case"])
 
     loop = LoopSettings(
         cycles=settings.cycles, num_samples=settings.num_samples,
@@ -175,8 +188,8 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
 
     def evaluate(run: Run, final_version: int) -> tuple[list, list]:
         say("evaluating the holdout on version 0 (before) and the final version (after) ...")
-        before = _evaluate(client, run, 0, eval_requests, settings, "before")
-        after = _evaluate(client, run, final_version, eval_requests, settings, "after")
+        before = _evaluate(env, client, run, 0, eval_requests, settings, "before")
+        after = _evaluate(env, client, run, final_version, eval_requests, settings, "after")
         return before, after
 
     report = run_rl_loop(client, algorithms.grpo(reward), requests_of, loop,

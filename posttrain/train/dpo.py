@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
@@ -138,7 +139,8 @@ class DPOSettings(RecipeSettings):
     constructed_negatives: bool = field(
         default=False,
         metadata={
-            "help": "add (own plain reply, invented lookup_order call) pairs on id-less prompts"
+            "help": "add (own passing reply, the environment's known-bad reply) pairs where it "
+            "knows one (refund: an invented lookup on prompts without an id)"
         },
     )
     constructed_share: float = field(
@@ -158,7 +160,7 @@ class DPOSettings(RecipeSettings):
         metadata={"help": "longest prompt + reply in tokens; longer pairs are cut at the end"},
     )
     run_name: str = field(
-        default="refund-dpo-v1",
+        default=f"{DEFAULT_ENV}-dpo-v1",
         metadata={"help": "the run's name: its folder and dashboard entry"},
     )
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
@@ -102,7 +103,7 @@ class GRPOSettings(RecipeSettings):
         },
     )
     run_name: str = field(
-        default="refund-grpo-v1",
+        default=f"{DEFAULT_ENV}-grpo-v1",
         metadata={"help": "the run's name: its folder and dashboard entry"},
     )
 

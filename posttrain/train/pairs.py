@@ -24,9 +24,10 @@ the rule. Its two replies still count as used.
 **Constructed negatives** (``constructed_negatives``). DPO only learns where a
 prompt has contrast, and a base policy that almost never invents an order id on a
 no-id prompt gives those prompts no pairs, while the with-id pairs teach "call the
-tool" everywhere. For each distinct prompt without an order id that the policy
-answered with a passing plain reply, the shortest such reply is the chosen side and
-an invented ``lookup_order`` call (``invented_call``) the rejected side. They are
+tool" everywhere. For each distinct prompt where the environment knows a bad reply
+(its ``constructed_negative`` hook: for the refund rule, an invented lookup on a
+prompt without an id) and the policy answered with a passing reply, the shortest such
+reply is the chosen side and the environment's bad reply the rejected side. They are
 capped at ``constructed_share`` of the sampled pairs (floor): uncapped, they teach
 "never call a tool" (DPO seed recipe: with-id pass@1 fell 0.11 to 0.05). With no
 sampled pair the cap is 0, so constructed pairs never make up a training set alone;
@@ -38,7 +39,6 @@ line of anything wrong (bad JSON, a missing side, identical sides).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.base import Env, passes
-from posttrain.envs.refund import REFUND_ENV, parse_tool_call
+from posttrain.envs.base import Env, env_hook, passes
+from posttrain.envs.wire import parse_tool_call, render_tool_call
 from posttrain.errors import InputFileError
 from posttrain.jsonl import write_jsonl_atomic
 
@@ -62,7 +62,6 @@ DEFAULT_CONSTRUCTED_SHARE = 0.3
 # length confound (the reference SDK's threshold)
 LENGTH_CONFOUND_SHARE = 0.75
 LENGTH_CONFOUND_MIN_PAIRS = 8
-INVENTED_TOOL = "lookup_order"
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "margin", "scenario_id", "constructed")
 
 _SPACES = re.compile(r"\s+")
@@ -74,12 +73,6 @@ _SPACES = re.compile(r"\s+")
 def prompt_key(text: str) -> str:
     """The grouping key of a prompt: lower-cased, runs of whitespace made one space."""
     return _SPACES.sub(" ", (text or "").strip().lower())
-
-
-def render_tool_call(name: str, arguments: dict[str, Any], *, canonical: bool = False) -> str:
-    """A ``<tool_call>`` block; ``canonical`` sorts the JSON keys (for comparisons)."""
-    payload = json.dumps({"name": name, "arguments": arguments}, sort_keys=canonical)
-    return f"<tool_call>\n{payload}\n</tool_call>"
 
 
 def first_turn(reply: str) -> str:
@@ -291,7 +284,7 @@ def _pairs_for_prompt(
 def build_preference_pairs(
     rows: Iterable[dict[str, Any]],
     *,
-    env: Env = REFUND_ENV,
+    env: Env,
     min_margin: float = DEFAULT_MIN_MARGIN,
     max_pairs_per_prompt: int = DEFAULT_MAX_PAIRS_PER_PROMPT,
     length_match: bool = True,
@@ -358,71 +351,53 @@ def build_preference_pairs(
 # ---------------------------------------------------------------- constructed negatives
 
 
-def _invented_number(prompt: str, attempt: int) -> int:
-    digest = hashlib.sha256(f"{prompt}\x1f{attempt}".encode()).hexdigest()
-    return int(digest[:8], 16) % 9000 + 1000
-
-
-def invented_call(prompt: str, tool: str = INVENTED_TOOL) -> str:
-    """A well-formed call of ``tool`` with an order id made up from ``prompt``.
-
-    The id is ``ORD-dddd``, four digits from SHA-256 of the prompt (the same prompt
-    always gives the same id); if those four digits occur anywhere in the prompt, the
-    next hash (prompt, 1), (prompt, 2), ... is tried, so the id is never in it.
-    """
-    text = prompt or ""
-    for attempt in range(10_000):
-        number = _invented_number(text, attempt)
-        if str(number) not in text:
-            return render_tool_call(tool, {"order_id": f"ORD-{number}"})
-    raise ValueError("could not invent an order id absent from the prompt")  # pragma: no cover
-
-
-def _plain_passing(row: dict[str, Any]) -> bool:
-    reply = row["reply"]
-    return (
-        bool(reply.strip())
-        and "<tool_call>" not in reply
-        and parse_tool_call(reply) is None
-        and passes(float(row["score"]))
-    )
+def _passing(row: dict[str, Any]) -> bool:
+    return bool(row["reply"].strip()) and passes(float(row["score"]))
 
 
 def constructed_negatives(
     rows: Iterable[dict[str, Any]],
     *,
-    env: Env = REFUND_ENV,
+    env: Env,
     max_pairs: int | None = None,
 ) -> list[Pair]:
-    """Pairs (own passing plain reply, invented ``lookup_order`` call) for id-less prompts.
+    """Pairs (own passing reply, the environment's known-bad reply) where it has one.
 
-    One per distinct prompt text (repeats from ``--balance`` do not multiply it) whose
-    case names no order id and that has at least one passing reply with no tool call;
-    the chosen side is the shortest such reply (the first on ties). The margin is the
-    environment's score of the chosen minus that of the invented call. Over
-    ``max_pairs``, a spread of ``max_pairs`` is kept (every k-th, in prompt order), so
-    the cap does not favour the first prompts.
+    The known-bad reply comes from the environment's ``constructed_negative(prompt,
+    case)`` hook (the refund rule: a lookup of an invented id on a prompt that gives
+    none; ``None`` where it has no negative). One pair per distinct prompt text
+    (repeats from ``--balance`` do not multiply it) that has a negative and at least
+    one passing reply; the chosen side is the shortest passing reply (the first on
+    ties). The margin is the environment's score of the chosen minus that of the
+    negative; a negative that scores as well is skipped. Over ``max_pairs``, a spread
+    of ``max_pairs`` is kept (every k-th, in prompt order), so the cap does not favour
+    the first prompts. Raises ``PosttrainError`` when the environment has no hook.
     """
+    negative_for = env_hook(env, "constructed_negative", "knows no bad reply to pair against",
+                            "drop --constructed-negatives")
     best: dict[str, dict[str, Any]] = {}
     for index, row in enumerate(rows):
         _check_row(index, row)
-        if env.case_for(row["prompt"]).get("order_id"):
+        if not _passing(row):
             continue
         key = prompt_key(row["prompt"])
-        if not _plain_passing(row):
-            continue
         if key not in best or len(row["reply"].strip()) < len(best[key]["reply"].strip()):
             best[key] = row
     pairs = []
     for row in best.values():
         case = env.case_for(row["prompt"])
-        rejected = invented_call(row["prompt"])
+        rejected = negative_for(row["prompt"], case)
+        if rejected is None:
+            continue
+        margin = float(row["score"]) - env.score(rejected, case)
+        if margin <= 0:
+            continue
         pairs.append(
             pair_row(
                 env.messages_for(row["prompt"]),
                 row["reply"],
                 rejected,
-                margin=float(row["score"]) - env.score(rejected, case),
+                margin=margin,
                 scenario_id=str(row.get("scenario_id", "")),
                 constructed=True,
             )

@@ -146,7 +146,7 @@ def run_recipe(
     page = getattr(run, "url", None) or _local_run_page(root, settings.run_name)
     where = f"  dashboard: {page}" if page else ""
     say(f"posttrain {recipe}: run {settings.run_name} -> {folder.path}{where}")
-    say(data.describe())
+    say(data.describe(tuple(env.categories)))
     say(
         f"base model: {settings.base_model}"
         + (f" + {settings.from_run} (merged)" if settings.from_run else "")

@@ -13,7 +13,6 @@ previous look, which this object keeps.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,21 +20,15 @@ from typing import Any
 
 from posttrain.envs.base import Env, passes
 from posttrain.errors import PosttrainError
+from posttrain.plugins import load_object
 
 ScoreFn = Callable[[str, dict[str, Any]], float]
 
 
 def load_reward_function(target: str) -> ScoreFn:
-    """``module:function`` -> the function; PosttrainError naming what is wrong."""
-    if ":" not in target:
-        raise PosttrainError(
-            f"--reward {target!r}: give module:function, e.g. mypackage.rewards:shaped"
-        )
-    module_name, attribute = target.split(":", 1)
-    try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise PosttrainError(f"--reward {target!r}: cannot load it: {error}") from error
+    """``module:function`` or ``file.py:function`` -> the function; PosttrainError naming
+    what is wrong."""
+    function = load_object(target, "--reward", "mypackage.rewards:shaped")
     if not callable(function):
         raise PosttrainError(f"--reward {target!r} is not a function of (reply, case)")
     return function

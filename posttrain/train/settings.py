@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig
+from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
@@ -124,7 +125,8 @@ class RecipeSettings:
     )
     eval_top_p: float = field(default=0.95, metadata={"help": "top-p of the evaluations"})
     run_name: str = field(
-        default="refund-run", metadata={"help": "the run's name: its folder and dashboard entry"}
+        default=f"{DEFAULT_ENV}-run",
+        metadata={"help": "the run's name: its folder and dashboard entry"},
     )
     runs_dir: str | None = field(
         default=None, metadata={"help": "folder holding run folders ($POSTTRAIN_RUNS or ./runs)"}
@@ -136,7 +138,9 @@ class RecipeSettings:
         default=None,
         metadata={"help": "start from that run's adapter merged into the base model"},
     )
-    env: str = field(default="refund", metadata={"help": "environment name or module:attribute"})
+    env: str = field(
+        default=DEFAULT_ENV, metadata={"help": "environment name or module:attribute"}
+    )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
 

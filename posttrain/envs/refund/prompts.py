@@ -9,7 +9,8 @@ text by the environment), and ``seed`` (the template it came from).
 Reproducibility: only ``random.Random(seed)`` draws (``random()``, ``randrange``,
 ``choice``), whose algorithms are stable across CPython 3.10-3.14, and ids come
 from SHA-256, never ``hash()``; nothing iterates a set. The same seed gives the
-same prompt set byte for byte (``prompt_set_sha256`` pins it in the tests).
+same prompt set byte for byte (``posttrain.data.prompts.prompt_set_sha256`` pins it
+in the tests). This is the refund environment's ``write_prompts`` hook.
 
 Duplicates (the same text, case and whitespace folded) are dropped, keeping
 the first, so the set can hold fewer prompts than situations times phrasings.
@@ -22,7 +23,7 @@ import json
 import random
 from typing import Any
 
-from posttrain.envs.refund import case_for, category
+from posttrain.envs.refund.rule import case_for, category
 
 # share of situations per category: with-id dominates (as in real support
 # traffic and the recipe), while no-id and off-topic stay large enough for the
@@ -273,12 +274,3 @@ def simulate(n_situations: int = 200, seed: int = 0) -> list[dict[str, Any]]:
                 }
             )
     return records
-
-
-def prompt_set_sha256(records: list[dict[str, Any]]) -> str:
-    """SHA-256 of a prompt set's canonical JSONL (key order sorted), for pinning."""
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()

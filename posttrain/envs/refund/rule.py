@@ -45,6 +45,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.envs.wire import parse_tool_call
+
 TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -121,7 +123,6 @@ REWARDED_FEATURES: dict[str, tuple[str, ...]] = {
     "off_topic": ("-length",),
 }
 
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ORDER_ID = re.compile(r"\bORD[-_ ]?(\d{3,6})\b", re.IGNORECASE)
 _DOMAIN_WORDS = re.compile(
     r"\b(orders?|ordered|ordering|refunds?|refunded|refunding|returns?|returned|returning"
@@ -137,37 +138,6 @@ def normalize_order_id(text: str) -> str | None:
     """The first order id in ``text`` in canonical form (``ord_991`` -> ``ORD-991``), or None."""
     match = _ORDER_ID.search(text or "")
     return f"ORD-{match.group(1)}" if match else None
-
-
-def parse_tool_call(text: str) -> dict[str, Any] | None:
-    """The first ``<tool_call>`` block of ``text`` as ``{"name", "arguments"}``, or None.
-
-    Whitespace around the JSON is tolerated. The name is read from ``name`` (or
-    ``tool``) and must be a non-empty string; arguments from ``arguments`` (or
-    ``args``), decoded when given as a JSON string, ``{}`` when not an object.
-    Malformed JSON or a missing name is "no valid call": None, never an exception.
-    """
-    match = _TOOL_CALL_BLOCK.search(text or "")
-    if match is None:
-        return None
-    try:
-        payload = json.loads(match.group(1).strip())
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(payload, dict):
-        return None
-    name = payload.get("name", payload.get("tool"))
-    if not isinstance(name, str) or not name.strip():
-        return None
-    arguments = payload.get("arguments", payload.get("args", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            arguments = {}
-    if not isinstance(arguments, dict):
-        arguments = {}
-    return {"name": name.strip(), "arguments": arguments}
 
 
 def well_formed(reply: str) -> bool:
@@ -272,6 +242,33 @@ class RefundEnv:
 
     def markers(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
         return markers(reply, case)
+
+    # --- optional hooks (posttrain.envs.base): imported lazily, the rule needs none
+
+    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
+        """The template prompt writer: ``count`` situations, one or two phrasings each."""
+        from posttrain.envs.refund.prompts import simulate
+
+        return simulate(count, seed=seed)
+
+    def scripted_agent(self, seed: int = 0,
+                       behaviour: dict[str, dict[str, float]] | None = None) -> Any:
+        """The seeded scripted agent (``posttrain.envs.refund.agent``)."""
+        from posttrain.envs.refund.agent import scripted_agent
+
+        return scripted_agent(seed, behaviour)
+
+    def behaviour_help(self) -> str:
+        from posttrain.envs.refund.agent import behaviour_help
+
+        return behaviour_help()
+
+    def constructed_negative(self, prompt: str, case: dict[str, Any]) -> str | None:
+        """A known-bad reply: on a prompt that gives no order id, a lookup of an id
+        the customer never gave (``posttrain.envs.refund.negatives``); None elsewhere."""
+        from posttrain.envs.refund.negatives import invented_lookup
+
+        return invented_lookup(prompt, case)
 
 
 REFUND_ENV = RefundEnv()

@@ -1,0 +1,58 @@
+"""The tool-call wire format every built-in policy speaks, whatever the rule.
+
+A tool call is one block in the reply::
+
+    <tool_call>
+    {"name": "<tool name>", "arguments": {...}}
+    </tool_call>
+
+(Qwen2.5's format, and the starter's). Environments read calls with
+``parse_tool_call``; constructed negatives and scripted agents write them with
+``render_tool_call``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+TOOL_CALL_OPEN = "<tool_call>"
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def render_tool_call(name: str, arguments: dict[str, Any], *, canonical: bool = False) -> str:
+    """A ``<tool_call>`` block; ``canonical`` sorts the JSON keys (for comparisons)."""
+    payload = json.dumps({"name": name, "arguments": arguments}, sort_keys=canonical)
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def parse_tool_call(text: str) -> dict[str, Any] | None:
+    """The first ``<tool_call>`` block of ``text`` as ``{"name", "arguments"}``, or None.
+
+    Whitespace around the JSON is tolerated. The name is read from ``name`` (or
+    ``tool``) and must be a non-empty string; arguments from ``arguments`` (or
+    ``args``), decoded when given as a JSON string, ``{}`` when not an object.
+    Malformed JSON or a missing name is "no valid call": None, never an exception.
+    """
+    match = _TOOL_CALL_BLOCK.search(text or "")
+    if match is None:
+        return None
+    try:
+        payload = json.loads(match.group(1).strip())
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    name = payload.get("name", payload.get("tool"))
+    if not isinstance(name, str) or not name.strip():
+        return None
+    arguments = payload.get("arguments", payload.get("args", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = {}
+    if not isinstance(arguments, dict):
+        arguments = {}
+    return {"name": name.strip(), "arguments": arguments}
