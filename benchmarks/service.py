@@ -53,8 +53,8 @@ def _medians(functions: list, runs: int) -> list[tuple[float, list[float]]]:
 
 
 def measure(base_model: str, runs: int, torch_threads: int) -> dict:
-    from posttrain.envs.refund.prompts import simulate
     from posttrain.envs.refund import REFUND_ENV
+    from posttrain.envs.refund.prompts import simulate
     from posttrain.policy.sampler import Sampler, SamplingParams
     from posttrain.service import requests as parse
     from posttrain.service.api import start_server

@@ -15,8 +15,8 @@ from posttrain.commands import pairs as pairs_command
 from posttrain.commands.dataclass_args import settings_from_args
 from posttrain.data.prepare import DataConfig, prepare_data
 from posttrain.envs.refund import REFUND_ENV
-from posttrain.errors import InputFileError, PosttrainError
 from posttrain.envs.refund.agent import Behaviour, seeded_agent
+from posttrain.errors import InputFileError, PosttrainError
 from posttrain.train.dpo import DPOSettings, check_dpo_settings, dpo_config_kwargs, run_dpo
 from posttrain.train.pairs import build_preference_pairs, export_preference
 

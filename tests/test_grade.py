@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from posttrain.data.prompts import make_record
-from posttrain.envs.refund.prompts import simulate
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.envs.refund.agent import Behaviour, seeded_agent
+from posttrain.envs.refund.prompts import simulate
 from posttrain.score.rows import grade
 
 ROW_KEYS = {

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from posttrain.envs.refund import REFUND_ENV, normalize_order_id, parse_tool_call
-from posttrain.errors import InputFileError
 from posttrain.envs.refund.agent import Behaviour, seeded_agent
 from posttrain.envs.refund.negatives import invented_call
+from posttrain.errors import InputFileError
 from posttrain.train.pairs import (
     PairReport,
     build_preference_pairs,
@@ -124,7 +124,8 @@ def test_prompts_group_by_text_whatever_the_case_and_spacing():
 
 
 def test_a_pair_is_a_trl_conversational_row_with_our_fields():
-    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=[row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)])
+    rows = [row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)]
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=rows)
     pair = pairs[0]
     assert pair["prompt"] == REFUND_ENV.messages_for(WITH_ID)
     assert pair["chosen"] == [{"role": "assistant", "content": LOOKUP}]
@@ -148,7 +149,8 @@ def test_the_length_confound_warning_needs_eight_pairs_with_the_chosen_side_long
 
 def test_a_row_without_a_score_is_refused_by_index():
     with pytest.raises(ValueError, match="row 1: field 'score'"):
-        build_preference_pairs(env=REFUND_ENV, rows=[row(NO_ID, "a", 1.0), {"prompt": NO_ID, "reply": "b"}])
+        build_preference_pairs(env=REFUND_ENV,
+                               rows=[row(NO_ID, "a", 1.0), {"prompt": NO_ID, "reply": "b"}])
 
 
 # ---------------------------------------------------------------- constructed negatives
@@ -230,7 +232,8 @@ def _write_lines(path, lines: list[str]) -> None:
 
 
 def _good_line() -> dict:
-    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=[row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)])
+    rows = [row(WITH_ID, LOOKUP, 1.0), row(WITH_ID, "No.", 0.0)]
+    pairs, _ = build_preference_pairs(env=REFUND_ENV, rows=rows)
     return pairs[0]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.data.prompts import prompt_set_sha256
-from posttrain.envs.refund.prompts import simulate
 from posttrain.envs.refund import case_for, category
+from posttrain.envs.refund.prompts import simulate
 
 # SHA-256 of the canonical JSONL of simulate(200, seed=0); measured on CPython
 # 3.10.13, 3.11.7, 3.12.1 and 3.13.0. A change here changes every seed-0 holdout:
