@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, case_of, field_problem, reads_records
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 
@@ -35,36 +35,64 @@ def _default_env() -> Env:
 
 
 def make_record(
-    prompt: str, scenario_id: str | None = None, *, env: Env | None = None, seed: str | None = None
+    prompt: str,
+    scenario_id: str | None = None,
+    *,
+    env: Env | None = None,
+    seed: str | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A prompt record with ``case`` and ``category`` derived from the text."""
+    """A prompt record with ``case`` and ``category`` derived by the environment (from the
+    text, or from the text and ``fields`` for an environment that reads columns)."""
     env = env or _default_env()
-    case = env.case_for(prompt)
-    record = {
-        "prompt": prompt,
-        "scenario_id": scenario_id if scenario_id else prompt,
-        "category": env.category(case),
-        "case": case,
-    }
+    record: dict[str, Any] = {"prompt": prompt, "scenario_id": scenario_id or prompt}
+    if fields:
+        record["fields"] = dict(fields)
+    case = case_of(env, record)
+    record.update(category=env.category(case), case=case)
     if seed is not None:
         record["seed"] = seed
     return record
 
 
+def prompt_text(value: Any) -> tuple[str | None, str | None]:
+    """``(text, problem)`` of a ``prompt`` value: a string, or TRL's conversational form
+    (a list of messages ending with the user's; a leading system message is allowed and
+    replaced by the environment's system prompt)."""
+    if isinstance(value, str):
+        return (value, None) if value.strip() else (None, "expected a non-empty string")
+    if not isinstance(value, list) or not value:
+        return None, "expected a non-empty string or a list of messages"
+    for message in value:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            return None, "each message must be an object with text 'role' and 'content'"
+    roles = [message.get("role") for message in value]
+    if roles[-1] != "user" or not value[-1]["content"].strip():
+        return None, "the last message must be the user's, with text"
+    if roles[:-1] not in ([], ["system"]):
+        return None, ("only [system,] user is supported: earlier turns "
+                      f"({', '.join(map(str, roles[:-1]))}) cannot be replayed yet")
+    return value[-1]["content"], None
+
+
 def load_prompts(path: str | os.PathLike, *, env: Env | None = None) -> list[dict[str, Any]]:
     """Read a JSONL prompt file; every line is validated.
 
-    Each line must be a JSON object with a non-empty string ``prompt``;
-    ``scenario_id`` (string or integer) defaults to the prompt text; ``seed`` is
-    kept when it is a string. ``case`` and ``category`` are recomputed. Blank
-    lines are skipped. Raises ``InputFileError`` naming the file, line and field.
+    Each line must be a JSON object with ``prompt``: a non-empty string, or TRL's
+    conversational form (``[{"role": "user", "content": ...}]``, optionally after a
+    system message, which the environment's system prompt replaces). ``scenario_id``
+    (string or integer) defaults to the prompt text; ``seed`` is kept when it is a
+    string. An environment that reads columns (``record_fields``) gets each one checked
+    for presence and type. ``case`` and ``category`` are recomputed. Blank lines are
+    skipped. Raises ``InputFileError`` naming the file, line and field.
     """
     env = env or _default_env()
+    declared = dict(getattr(env, "record_fields", None) or {}) if reads_records(env) else {}
     records = []
     for line_number, item in read_jsonl_objects(path):
-        prompt = item.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InputFileError(str(path), line_number, "prompt", "expected a non-empty string")
+        prompt, problem = prompt_text(item.get("prompt"))
+        if problem:
+            raise InputFileError(str(path), line_number, "prompt", problem)
         scenario_id = item.get("scenario_id", prompt)
         if isinstance(scenario_id, bool) or not isinstance(scenario_id, (str, int)):
             raise InputFileError(
@@ -73,16 +101,34 @@ def load_prompts(path: str | os.PathLike, *, env: Env | None = None) -> list[dic
         seed = item.get("seed")
         if seed is not None and not isinstance(seed, str):
             raise InputFileError(str(path), line_number, "seed", "expected a string")
-        records.append(make_record(prompt, str(scenario_id), env=env, seed=seed))
+        fields = {}
+        for name, kind in declared.items():
+            if name not in item:
+                raise InputFileError(str(path), line_number, name,
+                                     f"missing: the environment {env.name!r} reads it ({kind})")
+            problem = field_problem(kind, item[name])
+            if problem:
+                raise InputFileError(str(path), line_number, name, problem)
+            fields[name] = item[name]
+        try:
+            records.append(make_record(prompt, str(scenario_id), env=env, seed=seed,
+                                       fields=fields or None))
+        except (KeyError, TypeError, ValueError) as error:
+            raise InputFileError(str(path), line_number, None,
+                                 f"the environment could not read this record: {error}") from None
     if not records:
         raise InputFileError(str(path), None, None, "the file holds no prompts")
     return records
 
 
 def save_prompts(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> Path:
-    """Write prompt records as JSONL, keeping only the prompt-record keys."""
+    """Write prompt records as JSONL, keeping only the prompt-record keys; the columns an
+    environment reads (``fields``) go back to the top level, where ``load_prompts``
+    reads them."""
     keys = ("prompt", "scenario_id", "category", "case", "seed")
-    return write_jsonl_atomic(path, ({k: r[k] for k in keys if k in r} for r in records))
+    return write_jsonl_atomic(
+        path, ({**{k: r[k] for k in keys if k in r}, **r.get("fields", {})} for r in records)
+    )
 
 
 def _bucket(text: str) -> float:

@@ -18,14 +18,20 @@ command that needs a missing one with an error naming the flag that replaces it)
 - ``constructed_negative(prompt, case) -> str | None``: a known-bad reply for a
   prompt, for DPO's ``--constructed-negatives``;
 - ``rewarded_features``: what the reward pays for by design (``rewarded_features``
-  below), for the reward audit and the hack monitor.
+  below), for the reward audit and the hack monitor;
+- ``record_fields`` and ``case_from_record(prompt, fields) -> case``: ground truth
+  from the data, when the text alone does not hold it (an expected answer, say).
+  ``record_fields`` maps a prompt-file column to its JSON type (``"string"``,
+  ``"number"``, ``"integer"``, ``"boolean"``, ``"object"``, ``"array"``); a prompt
+  file is validated against it on load, line by line, and the case is built from the
+  prompt and those columns (``case_of`` below) everywhere a reply is scored.
 
 ``categories`` (required) names the prompt categories in display order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from posttrain.errors import PosttrainError
@@ -81,6 +87,41 @@ def env_hook(env: Env, name: str, lacks: str, instead: str) -> Callable[..., Any
             f"environment {getattr(env, 'name', env)!r} {lacks} (no {name} hook): {instead}"
         )
     return hook
+
+
+#: JSON types a ``record_fields`` entry may name, and the Python values that match each
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "number": (int, float), "integer": (int,), "boolean": (bool,),
+    "object": (dict,), "array": (list,),
+}
+
+
+def reads_records(env: Env) -> bool:
+    """Does the environment build its cases from prompt-file columns?"""
+    return bool(getattr(env, "record_fields", None)) and callable(
+        getattr(env, "case_from_record", None))
+
+
+def field_problem(kind: str, value: Any) -> str | None:
+    """What is wrong with ``value`` as a ``record_fields`` column of JSON type ``kind``."""
+    types = FIELD_TYPES.get(kind)
+    if types is None:
+        return f"the environment declares an unknown type {kind!r}"
+    if isinstance(value, bool) and bool not in types:
+        return f"expected {kind}, got a boolean"
+    if not isinstance(value, types):
+        return f"expected {kind}, got {type(value).__name__}"
+    return None
+
+
+def case_of(env: Env, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The case of a prompt record or graded row: from its columns when the environment
+    reads them (``record["fields"]``, validated on load), else from the prompt text."""
+    if reads_records(env):
+        if "case" in record:
+            return dict(record["case"])
+        return env.case_from_record(record["prompt"], dict(record.get("fields") or {}))
+    return env.case_for(record["prompt"])
 
 
 #: the key of ``rewarded_features`` that applies to every category

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.base import Env, passes
+from posttrain.envs.base import Env, case_of, passes, reads_records
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.policy.agents import BatchAgent, stable_seed
@@ -63,8 +63,9 @@ def grade_replies(
 ) -> list[dict[str, Any]]:
     """Score replies already sampled: ``requests[i] = (record, sample_index, seed)``."""
     rows = []
+    columns = reads_records(env)
     for (record, sample, seed), reply in zip(requests, replies, strict=True):
-        case = env.case_for(record["prompt"])
+        case = case_of(env, record)
         raw = _judge_score(judge, reply, record) if judge else env.score(reply, case)
         rows.append(
             {
@@ -79,6 +80,8 @@ def grade_replies(
                 "policy": dict(policy or {}),
                 "sampling": {**(sampling or {}), "seed": seed},
                 "eval_run": eval_run,
+                # the columns' ground truth travels with the row for re-scoring
+                **({"case": case} if columns else {}),
             }
         )
     return rows

@@ -32,7 +32,7 @@ from typing import Any
 
 from posttrain.data.prompts import load_prompts, split_holdout_stratified
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import Env, env_hook
+from posttrain.envs.base import Env, case_of, env_hook
 from posttrain.policy.agents import stable_seed
 from posttrain.score.delta import delta
 from posttrain.score.passat import pass_at
@@ -156,7 +156,7 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
     def request_for(record: dict[str, Any]) -> dict[str, Any]:
         ids = client.tokenize(messages=env.messages_for(record["prompt"]))
         return {"prompt": {"token_ids": ids}, "record": record,
-                "case": env.case_for(record["prompt"]),
+                "case": case_of(env, record),
                 "eval_seed": stable_seed("primitives-demo", settings.seed, record["prompt"])}
 
     eval_requests = [request_for(record) for record in evaluated]

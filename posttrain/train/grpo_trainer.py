@@ -7,13 +7,14 @@ one place.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, case_of, reads_records
 from posttrain.policy.models import Policy, lora_config
 from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
 from posttrain.train.rewards import RuleReward
@@ -29,6 +30,8 @@ def grpo_dataset(env: Env, records: list[dict[str, Any]]) -> Any:
                 "prompt": env.messages_for(record["prompt"]),
                 "prompt_text": record["prompt"],
                 "scenario_id": str(record["scenario_id"]),
+                # ground truth from prompt-file columns, for the reward (JSON: one type)
+                **({"case": json.dumps(case_of(env, record))} if reads_records(env) else {}),
             }
             for record in records
         ]

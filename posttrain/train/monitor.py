@@ -35,7 +35,13 @@ from typing import Any
 
 from transformers import TrainerCallback as HFTrainerCallback
 
-from posttrain.envs.base import Env, design_direction, feature_name, rewarded_features
+from posttrain.envs.base import (
+    Env,
+    case_of,
+    design_direction,
+    feature_name,
+    rewarded_features,
+)
 from posttrain.policy.model_agent import ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
@@ -147,7 +153,7 @@ class HackMonitor(HFTrainerCallback):
         """Baseline rows per category, scored by the *training* reward like the rollouts."""
         by_category: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
-            case = self.env.case_for(row["prompt"])
+            case = case_of(self.env, row)
             rescored = {**row, "score": self.reward.score_reply(row["reply"], case)}
             by_category.setdefault(row["category"], []).append(rescored)
         return by_category

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.base import Env, env_hook, passes
+from posttrain.envs.base import Env, case_of, env_hook, passes
 from posttrain.envs.wire import parse_tool_call, render_tool_call
 from posttrain.errors import InputFileError
 from posttrain.jsonl import write_jsonl_atomic
@@ -385,7 +385,7 @@ def constructed_negatives(
             best[key] = row
     pairs = []
     for row in best.values():
-        case = env.case_for(row["prompt"])
+        case = case_of(env, row)
         rejected = negative_for(row["prompt"], case)
         if rejected is None:
             continue

@@ -25,7 +25,7 @@ from typing import Any
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import Env, rewarded_features
+from posttrain.envs.base import Env, case_of, rewarded_features
 from posttrain.errors import PosttrainError
 from posttrain.policy.models import Policy, load_adapter, load_policy, merge_adapter
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
@@ -208,7 +208,7 @@ def audit_training_reward(context: RecipeContext) -> RewardAudit:
     policy's holdout rows, once, before training."""
     env = context.env
     rows = [
-        {**row, "score": context.reward.score_reply(row["reply"], env.case_for(row["prompt"]))}
+        {**row, "score": context.reward.score_reply(row["reply"], case_of(env, row))}
         for row in context.before_rows
     ]
     return reward_audit(rows, lambda category: rewarded_features(env, category),

@@ -13,6 +13,7 @@ previous look, which this object keeps.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,22 +77,31 @@ class RuleReward:
         return float(value)
 
     def __call__(
-        self, completions: list[Any], prompt_text: list[str], scenario_id: list[str], **_: Any
+        self,
+        completions: list[Any],
+        prompt_text: list[str],
+        scenario_id: list[str],
+        case: list[str] | None = None,
+        **_: Any,
     ) -> list[float]:
+        """TRL's call: one score per completion. ``case`` is the dataset's JSON column of
+        ground truth, there when the environment reads prompt-file columns."""
         rows = []
-        for completion, prompt, scenario in zip(completions, prompt_text, scenario_id, strict=True):
+        cases = [json.loads(text) for text in case] if case else [None] * len(completions)
+        for completion, prompt, scenario, given in zip(completions, prompt_text, scenario_id,
+                                                       cases, strict=True):
             reply = completion_text(completion)
-            case = self.env.case_for(prompt)
-            score = self.score_reply(reply, case)
+            case_now = given if given is not None else self.env.case_for(prompt)
+            score = self.score_reply(reply, case_now)
             rows.append(
                 {
                     "prompt": prompt,
                     "scenario_id": scenario,
-                    "category": self.env.category(case),
+                    "category": self.env.category(case_now),
                     "reply": reply,
                     "score": score,
                     "reward": 1 if passes(score) else 0,
-                    "markers": self.env.markers(reply, case),
+                    "markers": self.env.markers(reply, case_now),
                 }
             )
         self.last_batch = rows
