@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from posttrain.errors import PosttrainError
+
 
 def _umask() -> int:
     current = os.umask(0)
@@ -25,6 +27,8 @@ def _umask() -> int:
 def atomic_writer(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temp file beside ``path`` for writing; it replaces ``path`` on success."""
     path = Path(path)
+    if path.is_dir():
+        raise PosttrainError(f"{path} is a folder: give a file name to write to")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,6 +25,37 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) 
     return Path(path)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} does not fit a float")
+    return value
+
+
+def strict_json_loads(text: str) -> Any:
+    """``json.loads`` that refuses NaN, Infinity and numbers too large for a float (1e400),
+    which Python's parser would turn into non-finite floats."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line_number, text)`` of a UTF-8 text file; ``InputFileError`` naming the line
+    and column of a byte that is not UTF-8."""
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                yield line_number, raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise InputFileError(
+                    str(path), line_number, None,
+                    f"not UTF-8 text (byte 0x{raw[error.start]:02x} at column {error.start + 1})",
+                ) from None
+
+
 def read_jsonl_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for each non-blank line of a JSONL file.
 
@@ -33,16 +65,15 @@ def read_jsonl_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str,
     path = Path(path)
     if not path.is_file():
         raise InputFileError(str(path), None, None, "no such file")
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except ValueError as error:
-                raise InputFileError(
-                    str(path), line_number, None, f"not valid JSON ({error})"
-                ) from None
-            if not isinstance(item, dict):
-                raise InputFileError(str(path), line_number, None, "expected a JSON object")
-            yield line_number, item
+    for line_number, line in numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            item = strict_json_loads(line)
+        except (ValueError, RecursionError) as error:
+            raise InputFileError(
+                str(path), line_number, None, f"not valid JSON ({error})"
+            ) from None
+        if not isinstance(item, dict):
+            raise InputFileError(str(path), line_number, None, "expected a JSON object")
+        yield line_number, item

@@ -39,3 +39,14 @@ def test_build_of_an_unknown_starter_stops_before_building(capsys, models_folder
     assert not (models_folder / "starter").exists() or not any(
         path.name.startswith("starter-10b") for path in (models_folder / "starter").iterdir()
     )
+
+
+def test_info_on_a_name_it_does_not_know_or_cannot_load_is_an_error(capsys, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["model", "info", "nosuch"]) == 2
+    assert "'nosuch' is not a model posttrain knows" in capsys.readouterr().err
+    assert main(["model", "info", "Qwen/Qwen2.5-0.5B-Instruct"]) == 1
+    assert "not in the Hugging Face cache" in capsys.readouterr().out
+    (tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct").mkdir(parents=True)
+    assert main(["model", "info", "Qwen/Qwen2.5-0.5B-Instruct"]) == 0

@@ -115,12 +115,15 @@ def test_exo_pair_gets_the_label_smoothing_trl_requires(tmp_path):
     [
         ({"loss_type": "kto"}, "not a DPO loss this TRL accepts"),
         ({"steps": 0}, "--steps must be at least 1"),
-        ({"beta": 0.0}, "--beta must be above 0"),
+        ({"beta": 0.0}, "--beta must be a number above 0"),
+        ({"beta": float("nan")}, "--beta must be a number above 0, got nan"),
+        ({"min_margin": float("inf")}, "--min-margin must be a number above 0"),
         ({"pair_samples": 1}, "--pair-samples must be at least 2"),
         ({"constructed_share": -0.1}, "--constructed-share must be >= 0"),
         ({"loss_type": "robust", "label_smoothing": 0.5}, "robust needs --label-smoothing"),
         ({"skip_invalid": True}, "--skip-invalid only applies to --pairs"),
-        ({"sft_weight": -1.0}, "--sft-weight must be >= 0"),
+        ({"sft_weight": -1.0}, "--sft-weight must be a number >= 0"),
+        ({"sft_weight": float("nan")}, "--sft-weight must be a number >= 0"),
         ({"sft_weight": 1.0, "loss_type": "sft"}, "leave --sft-weight at 0"),
     ],
 )

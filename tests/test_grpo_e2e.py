@@ -103,12 +103,23 @@ def test_metrics_streamed_into_the_store(finished_run):
     assert {"reward", "loss", "monitor/proxy_reward"} <= set(store.metric_names("e2e"))
 
 
-def test_ctrl_c_marks_the_run_stopped_and_keeps_what_was_measured(starter_2m_folder, tmp_path):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `cmd &` in a script starts with
+
+
+@pytest.mark.parametrize("stop, code, reason, inherited_ignore", [
+    (signal.SIGINT, 130, "Ctrl-C", False),
+    (signal.SIGTERM, 143, "SIGTERM", False),
+    (signal.SIGINT, 130, "Ctrl-C", True),
+], ids=["ctrl-c", "sigterm", "ctrl-c-started-ignored"])
+def test_a_stop_signal_marks_the_run_stopped_and_keeps_what_was_measured(
+        starter_2m_folder, tmp_path, stop, code, reason, inherited_ignore):
     command = [
-        sys.executable, "-m", "posttrain.cli", "grpo", *FAST, "--steps", "400",
+        sys.executable, "-m", "posttrain", "grpo", *FAST, "--steps", "400",
         "--monitor-every", "0", "--runs-dir", str(tmp_path), "--run-name", "interrupted",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, preexec_fn=_ignore_sigint if inherited_ignore else None)
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
     # generous bounds, not expected durations: a loaded CI machine can be ~6x slower
     deadline = time.monotonic() + 900
@@ -117,12 +128,12 @@ def test_ctrl_c_marks_the_run_stopped_and_keeps_what_was_measured(starter_2m_fol
             break
         time.sleep(0.5)
     assert process.poll() is None, process.stdout.read()
-    os.kill(process.pid, signal.SIGINT)
+    os.kill(process.pid, stop)
     output, _ = process.communicate(timeout=900)
-    assert process.returncode == 130, output
-    assert "interrupted" in output
+    assert process.returncode == code, output
+    assert f"interrupted ({reason})" in output
     summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
-    assert summary["status"] == "stopped" and summary["stop_reason"] == "Ctrl-C"
+    assert summary["status"] == "stopped" and summary["stop_reason"] == reason
     assert summary["before"]["pass_at_1"] is not None
     assert (tmp_path / "interrupted" / "holdout_before.jsonl").exists()
 

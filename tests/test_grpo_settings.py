@@ -154,7 +154,12 @@ def test_trl_accepts_the_mapped_config(tmp_path):
         (("--num-generations", "1"), "at least 2"),
         (("--steps", "0"), "--steps must be at least 1"),
         (("--stop-on", "hack,vibes"), "unknown alarm"),
-        (("--beta", "-1"), "--beta must be >= 0"),
+        (("--beta", "-1"), "--beta must be a number >= 0"),
+        (("--beta", "nan"), "--beta must be a number >= 0"),
+        (("--temperature", "nan"), "--temperature must be a number above 0"),
+        (("--top-p", "nan"), r"--top-p must be in \(0, 1\]"),
+        (("--epsilon-high", "inf"), "--epsilon-high must be a number >= 0"),
+        (("--max-completion-length", "0"), "--max-completion-length must be at least 1"),
     ],
 )
 def test_impossible_settings_are_refused(argv, message):
@@ -207,6 +212,7 @@ def test_the_training_seed_reaches_trl_and_the_data_seed_the_prompt_writer():
         (("--eval-temperature", "nan"), "--eval-temperature must be a number above 0"),
         (("--eval-top-p", "0"), r"--eval-top-p must be in \(0, 1\]"),
         (("--eval-samples", "0"), "--eval-samples must be at least 1"),
+        (("--lora-alpha", "-5"), "--lora-alpha must be above 0"),
     ],
 )
 def test_shared_settings_no_recipe_can_run_with_are_refused(argv, message):
@@ -223,3 +229,27 @@ def test_each_recipe_resolves_its_own_default_rate_in_one_place():
     assert parse().resolved_learning_rate(9_000_000) == (3e-4, "default for model size")
     assert DPOSettings().resolved_learning_rate(9_000_000) == (5e-5, "default for model size")
     assert parse("--learning-rate", "1e-5").resolved_learning_rate(9_000_000) == (1e-5, "flag")
+
+
+@pytest.mark.parametrize("balance", ["-1", "1", "nan"])
+def test_a_balance_outside_a_share_is_refused_before_anything_is_written(balance, tmp_path,
+                                                                         capsys):
+    from posttrain.cli import main
+
+    runs = tmp_path / "runs"
+    assert main(["grpo", "--balance", balance, "--runs-dir", str(runs)]) == 2
+    assert "--balance must be a share in [0, 1)" in capsys.readouterr().err
+    assert not runs.exists()
+
+
+def test_a_step_larger_than_the_train_side_is_refused_before_the_model_loads(tmp_path,
+                                                                            capsys):
+    # TRL would run 0 optimizer steps and the run would read "done"
+    from posttrain.cli import main
+
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--batch-size", "100000000", "--num-generations", "8",
+                 "--base-model", "no-such-model-is-loaded", "--runs-dir", str(runs)])
+    assert code == 2
+    assert "needs 12500000 train prompts a step" in capsys.readouterr().err
+    assert not runs.exists()

@@ -310,3 +310,20 @@ def test_seeded_samples_of_a_mixed_policy_give_pairs_and_a_report():
     assert isinstance(report, PairReport)
     assert 1 <= len(pairs) <= 2
     assert all(side_text(p, "chosen") == LOOKUP for p in pairs)
+
+
+@pytest.mark.parametrize("margin", ["NaN", "1e400"])
+def test_a_pairs_line_with_a_margin_that_is_not_finite_is_named(tmp_path, margin):
+    line = json.dumps(_good_line()).replace('"margin": 1.0', f'"margin": {margin}')
+    assert margin in line
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(InputFileError, match=r"pairs.jsonl:1: "):
+        load_pairs(path)
+
+
+def test_a_pairs_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(json.dumps(_good_line()).encode() + b"\n\xff\xfe\n")
+    with pytest.raises(InputFileError, match=r"pairs.jsonl:2: not UTF-8 text \(byte 0xff"):
+        load_pairs(path)

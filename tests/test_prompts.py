@@ -157,3 +157,37 @@ def test_category_filter_and_summary():
     kept, dropped = keep_category(records, {"a": "with_id", "b": "no_id"})
     assert [r["scenario_id"] for r in kept] == ["a"] and dropped == 1
     assert summary(records) == {"prompts": 2, "scenarios": 2, "off_topic": 1, "with_id": 1}
+
+
+def test_a_file_that_is_not_utf8_names_the_line_and_byte(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(InputFileError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_numbers_json_does_not_allow_are_refused(tmp_path, number):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hello", "scenario_id": "a", "extra": ' + number + "}\n")
+    with pytest.raises(InputFileError, match=r"p.jsonl:1: not valid JSON"):
+        load_prompts(path)
+
+
+def test_writing_onto_a_folder_or_zero_prompts_is_a_clear_error(tmp_path, capsys):
+    from posttrain.cli import main
+
+    assert main(["prompts", "write", str(tmp_path)]) == 2
+    assert "is a folder: give a file name to write to" in capsys.readouterr().err
+    assert main(["prompts", "write", str(tmp_path / "p.jsonl"), "--prompts", "0"]) == 2
+    assert "--prompts must be at least 1, got 0" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temp file left
+
+
+def test_a_prompt_longer_than_the_cap_is_refused_on_load(tmp_path):
+    from posttrain.data.prompts import MAX_PROMPT_CHARS
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "x" * (MAX_PROMPT_CHARS + 1)}) + "\n")
+    with pytest.raises(InputFileError, match=r"p.jsonl:1: field 'prompt': 20,001 characters"):
+        load_prompts(path)

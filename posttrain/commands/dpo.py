@@ -18,7 +18,7 @@ verdict, the guard check and the table by category. --from-run RUN starts from
 that run's adapter merged into its base (round two) and saves the merged policy
 under merged/. Everything lands in <runs>/<run-name>/ (config.json, summary.json
 with the pair report, pairs.jsonl, holdout rows, adapter/, report.md, curves.png).
-Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C."""
+Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C, 143 SIGTERM."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -14,7 +14,8 @@ times, for the noise band), train a LoRA adapter with TRL's GRPOTrainer against 
 environment's rule reward, evaluate again on the same holdout, and print the paired
 delta with its interval and verdict, the guard check and the table by category.
 Everything lands in <runs>/<run-name>/ (config.json, summary.json, holdout rows,
-adapter/, report.md, curves.png). Exit status: 0 done, 1 a guard fell, 130 Ctrl-C."""
+adapter/, report.md, curves.png). Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C,
+143 SIGTERM."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -126,8 +126,26 @@ def model_facts(name: str) -> dict[str, Any]:
     if path.is_dir():
         facts.update(kind="folder", folder=str(path), parameters=safetensors_parameter_count(path))
         return facts
-    facts.update(kind="hub id", note="loaded through the Hugging Face cache")
+    if "/" not in name:
+        raise PosttrainError(
+            f"{name!r} is not a model posttrain knows: give starter, starter-2m, starter@N, "
+            "smollm2, a local folder, a .gguf file or a hub id (org/name)"
+        )
+    cached = hub_cache_folder(name)
+    facts.update(kind="hub id", note="loaded through the Hugging Face cache",
+                 built=cached.is_dir(), folder=str(cached))
     return facts
+
+
+def hub_cache_folder(hub_id: str) -> Path:
+    """Where the Hugging Face cache keeps ``hub_id`` (``$HF_HUB_CACHE``, ``$HF_HOME/hub``
+    or ``~/.cache/huggingface/hub``)."""
+    import os
+
+    root = os.environ.get("HF_HUB_CACHE") or (
+        Path(os.environ["HF_HOME"]) / "hub" if os.environ.get("HF_HOME")
+        else Path.home() / ".cache" / "huggingface" / "hub")
+    return Path(root) / ("models--" + hub_id.replace("/", "--"))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -139,6 +157,10 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"  models folder: {facts['models_folder']}")
     if "gguf" in facts:
         print(f"  gguf file:     {facts['gguf']}")
+    if facts["kind"] == "hub id" and not facts["built"]:
+        print(f"  folder:        {facts['folder']}  (not in the Hugging Face cache: offline it "
+              "cannot be loaded; download it where there is network, or give a local folder)")
+        return 1
     if "folder" in facts:
         hint = f"  (not built yet: posttrain model build --name {facts['name']})"
         state = "" if facts.get("built", True) else hint

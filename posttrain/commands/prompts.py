@@ -17,6 +17,7 @@ from posttrain.data.prompts import (
 )
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import Env, env_hook
+from posttrain.errors import PosttrainError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -108,6 +109,8 @@ def _print_counts(counts: dict[str, int], env: Env, label: str = "") -> None:
 
 
 def run_write(args: argparse.Namespace) -> int:
+    if args.prompts < 1:
+        raise PosttrainError(f"--prompts must be at least 1, got {args.prompts}")
     env = get_env(args.env)
     write_prompts = env_hook(
         env, "write_prompts", "writes no prompts",

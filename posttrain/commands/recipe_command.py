@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.interrupts import SIGTERM_EXIT_CODE, interruptible
 from posttrain.train.settings import RecipeSettings
 
 
@@ -41,14 +42,18 @@ def register_recipe_command(
     )
 
     def run(args: argparse.Namespace) -> int:
-        summary = run_recipe(settings_from_args(settings_class, args))
+        with interruptible():
+            summary = run_recipe(settings_from_args(settings_class, args))
         return recipe_exit_code(summary)
 
     parser.set_defaults(func=run)
 
 
 def recipe_exit_code(summary: dict[str, Any]) -> int:
-    """0 done, 1 a guard fell, 130 stopped by Ctrl-C (a stop on an alarm is 0)."""
+    """0 done, 1 a guard fell, 130 stopped by Ctrl-C, 143 by SIGTERM (a stop on an alarm
+    is 0)."""
     if summary["status"] == "stopped" and summary.get("stop_reason") == "Ctrl-C":
         return 130
+    if summary["status"] == "stopped" and summary.get("stop_reason") == "SIGTERM":
+        return SIGTERM_EXIT_CODE
     return 0 if summary.get("ok", True) else 1

@@ -7,6 +7,7 @@ in training knobs are evaluated on one holdout and compare paired.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,8 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     Raises ``PosttrainError`` when the holdout or the train side comes out empty,
     naming the flag to change.
     """
+    if not (math.isfinite(config.balance) and 0 <= config.balance < 1):
+        raise PosttrainError(f"--balance must be a share in [0, 1), got {config.balance}")
     if config.prompts_file:
         records = load_prompts(config.prompts_file, env=env)
         source = f"{config.prompts_file} ({len(records)} prompts)"
@@ -112,8 +115,6 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     if not train:
         raise PosttrainError("every prompt landed in the holdout: lower --holdout")
     if config.balance > 0:
-        if config.balance >= 1:
-            raise PosttrainError(f"--balance must be below 1, got {config.balance}")
         train = balance(train, config.balance)
     return PreparedData(
         train=train,

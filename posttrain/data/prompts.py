@@ -55,11 +55,19 @@ def make_record(
     return record
 
 
+# a prompt longer than this is refused on load: a customer message is a few hundred
+# characters, and a 49 MB "prompt" once made `posttrain eval` ask for 107 GB
+MAX_PROMPT_CHARS = 20_000
+
+
 def prompt_text(value: Any) -> tuple[str | None, str | None]:
     """``(text, problem)`` of a ``prompt`` value: a string, or TRL's conversational form
     (a list of messages ending with the user's; a leading system message is allowed and
     replaced by the environment's system prompt)."""
     if isinstance(value, str):
+        if len(value) > MAX_PROMPT_CHARS:
+            return None, (f"{len(value):,} characters; a prompt may have at most "
+                          f"{MAX_PROMPT_CHARS:,}")
         return (value, None) if value.strip() else (None, "expected a non-empty string")
     if not isinstance(value, list) or not value:
         return None, "expected a non-empty string or a list of messages"
@@ -72,7 +80,7 @@ def prompt_text(value: Any) -> tuple[str | None, str | None]:
     if roles[:-1] not in ([], ["system"]):
         return None, ("only [system,] user is supported: earlier turns "
                       f"({', '.join(map(str, roles[:-1]))}) cannot be replayed yet")
-    return value[-1]["content"], None
+    return prompt_text(value[-1]["content"])
 
 
 def load_prompts(path: str | os.PathLike, *, env: Env | None = None) -> list[dict[str, Any]]:

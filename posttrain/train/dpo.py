@@ -31,6 +31,7 @@ Where we deviate from the seed recipe, and why:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,8 +185,8 @@ def check_dpo_settings(settings: DPOSettings) -> None:
             f"--loss-type {settings.loss_type!r} is not a DPO loss this TRL accepts; "
             f"use one of {', '.join(DPO_LOSS_TYPES)}"
         )
-    if settings.sft_weight < 0:
-        raise PosttrainError(f"--sft-weight must be >= 0, got {settings.sft_weight}")
+    if not (math.isfinite(settings.sft_weight) and settings.sft_weight >= 0):
+        raise PosttrainError(f"--sft-weight must be a number >= 0, got {settings.sft_weight}")
     if settings.sft_weight and settings.loss_type == "sft":
         raise PosttrainError(
             "--sft-weight adds an sft term to a preference loss; with --loss-type sft the "
@@ -193,8 +194,8 @@ def check_dpo_settings(settings: DPOSettings) -> None:
         )
     if settings.steps < 1:
         raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
-    if settings.beta <= 0:
-        raise PosttrainError(f"--beta must be above 0, got {settings.beta}")
+    if not (math.isfinite(settings.beta) and settings.beta > 0):
+        raise PosttrainError(f"--beta must be a number above 0, got {settings.beta}")
     smoothing = settings.resolved_label_smoothing()
     if settings.loss_type == "exo_pair" and smoothing <= 0:
         raise PosttrainError("--loss-type exo_pair needs --label-smoothing above 0 (e.g. 1e-3)")
@@ -202,15 +203,15 @@ def check_dpo_settings(settings: DPOSettings) -> None:
         raise PosttrainError(
             f"--loss-type robust needs --label-smoothing in [0, 0.5), got {smoothing}"
         )
-    if not 0.0 <= smoothing < 1.0:
+    if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
         raise PosttrainError(f"--label-smoothing must be in [0, 1), got {smoothing}")
     if settings.pair_samples < 2:
         raise PosttrainError(
             f"--pair-samples must be at least 2 (a pair needs two replies), got "
             f"{settings.pair_samples}"
         )
-    if settings.min_margin <= 0:
-        raise PosttrainError(f"--min-margin must be above 0, got {settings.min_margin}")
+    if not (math.isfinite(settings.min_margin) and settings.min_margin > 0):
+        raise PosttrainError(f"--min-margin must be a number above 0, got {settings.min_margin}")
     if settings.max_pairs_per_prompt < 1:
         raise PosttrainError(
             f"--max-pairs-per-prompt must be at least 1, got {settings.max_pairs_per_prompt}"

@@ -25,9 +25,11 @@ Where we deviate from the seed recipe, and why:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.data.prepare import PreparedData
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
@@ -139,16 +141,31 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         raise PosttrainError(
             f"--stop-on {','.join(unknown)}: unknown alarm; use hack, length and/or guard"
         )
-    if settings.temperature <= 0:
-        raise PosttrainError(f"--temperature must be above 0, got {settings.temperature}")
-    if not 0 < settings.top_p <= 1:
+    if not (math.isfinite(settings.temperature) and settings.temperature > 0):
+        raise PosttrainError(f"--temperature must be a number above 0, got {settings.temperature}")
+    if not (math.isfinite(settings.top_p) and 0 < settings.top_p <= 1):
         raise PosttrainError(f"--top-p must be in (0, 1], got {settings.top_p}")
-    if settings.beta < 0:
-        raise PosttrainError(f"--beta must be >= 0, got {settings.beta}")
-    if settings.epsilon_high < 0:
-        raise PosttrainError(f"--epsilon-high must be >= 0, got {settings.epsilon_high}")
+    if not (math.isfinite(settings.beta) and settings.beta >= 0):
+        raise PosttrainError(f"--beta must be a number >= 0, got {settings.beta}")
+    if not (math.isfinite(settings.epsilon_high) and settings.epsilon_high >= 0):
+        raise PosttrainError(f"--epsilon-high must be a number >= 0, got {settings.epsilon_high}")
+    if settings.max_completion_length < 1:
+        raise PosttrainError(
+            f"--max-completion-length must be at least 1, got {settings.max_completion_length}"
+        )
     if settings.monitor_every < 0:
         raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
+
+
+def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:
+    """Refuse a step larger than the train side (TRL would run 0 steps and call it done)."""
+    prompts_per_step = settings.completions_per_step() // settings.num_generations
+    if prompts_per_step > len(data.train):
+        raise PosttrainError(
+            f"--batch-size {settings.completions_per_step()} needs {prompts_per_step} train "
+            f"prompts a step ({settings.num_generations} completions each) and the train "
+            f"side has {len(data.train)}: lower --batch-size or raise --prompts"
+        )
 
 
 def grpo_config_kwargs(
@@ -181,4 +198,5 @@ def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
     from posttrain.train.grpo_trainer import train_grpo
     from posttrain.train.recipe import run_recipe
 
-    return run_recipe("grpo", settings, check=check_grpo_settings, train=train_grpo, say=say)
+    return run_recipe("grpo", settings, check=check_grpo_settings, train=train_grpo, say=say,
+                      check_data=check_grpo_data)

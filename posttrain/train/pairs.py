@@ -39,7 +39,6 @@ line of anything wrong (bad JSON, a missing side, identical sides).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -51,7 +50,7 @@ from typing import Any
 from posttrain.envs.base import Env, case_of, env_hook, passes
 from posttrain.envs.wire import parse_tool_call, render_tool_call
 from posttrain.errors import InputFileError
-from posttrain.jsonl import write_jsonl_atomic
+from posttrain.jsonl import numbered_lines, strict_json_loads, write_jsonl_atomic
 
 Pair = dict[str, Any]
 
@@ -445,8 +444,9 @@ def pair_problem(pair: Any) -> tuple[str | None, str] | None:
     if side_text(pair, "chosen").strip() == side_text(pair, "rejected").strip():
         return "rejected", "identical to chosen: a pair needs two different replies"
     margin = pair.get("margin")
-    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
-        return "margin", "must be a number (or absent)"
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                               or not math.isfinite(margin)):
+        return "margin", "must be a finite number (or absent)"
     if not isinstance(pair.get("constructed", False), bool):
         return "constructed", "must be true or false (or absent)"
     return None
@@ -495,31 +495,30 @@ def load_pairs(
     pairs: list[Pair] = []
     skipped: list[str] = []
     hint = " (or pass --skip-invalid to drop such lines)"
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                problem = pair_problem(item)
-            except ValueError as error:
-                problem = (None, f"not valid JSON ({error})")
-            if problem is not None:
-                error = InputFileError(str(path), line_number, problem[0], problem[1])
-                if not skip_invalid:
-                    raise InputFileError(str(path), line_number, problem[0], problem[1] + hint)
-                skipped.append(str(error))
-                continue
-            pairs.append(
-                {
-                    "prompt": item["prompt"],
-                    "chosen": item["chosen"],
-                    "rejected": item["rejected"],
-                    "margin": item.get("margin"),
-                    "scenario_id": str(item.get("scenario_id", "")),
-                    "constructed": bool(item.get("constructed", False)),
-                }
-            )
+    for line_number, line in numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            item = strict_json_loads(line)
+            problem = pair_problem(item)
+        except (ValueError, RecursionError) as error:
+            problem = (None, f"not valid JSON ({error})")
+        if problem is not None:
+            error = InputFileError(str(path), line_number, problem[0], problem[1])
+            if not skip_invalid:
+                raise InputFileError(str(path), line_number, problem[0], problem[1] + hint)
+            skipped.append(str(error))
+            continue
+        pairs.append(
+            {
+                "prompt": item["prompt"],
+                "chosen": item["chosen"],
+                "rejected": item["rejected"],
+                "margin": item.get("margin"),
+                "scenario_id": str(item.get("scenario_id", "")),
+                "constructed": bool(item.get("constructed", False)),
+            }
+        )
     if not pairs:
         what = (
             f"no usable preference pair ({len(skipped)} invalid lines)"

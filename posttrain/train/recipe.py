@@ -10,7 +10,7 @@
 7. the paired delta, guard check and category table; ``summary.json``,
    ``report.md``, ``curves.png``; finish the run done / stopped / failed.
 
-Ctrl-C during training marks the run ``stopped`` and keeps what was measured.
+Ctrl-C or SIGTERM during training marks the run ``stopped`` and keeps what was measured.
 Nothing is written before every input has been checked.
 """
 
@@ -27,6 +27,7 @@ from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
 from posttrain.envs.base import Env, case_of, rewarded_features
 from posttrain.errors import PosttrainError
+from posttrain.interrupts import stop_reason
 from posttrain.policy.models import Policy, load_adapter, load_policy, merge_adapter
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
 from posttrain.score.audit import RewardAudit, reward_audit
@@ -102,8 +103,12 @@ def run_recipe(
     check: Callable[[RecipeSettings], None],
     train: Callable[[RecipeContext], TrainOutcome],
     say: Callable[[str], None] = print,
+    check_data: Callable[[RecipeSettings, PreparedData], None] | None = None,
 ) -> dict[str, Any]:
-    """Run one recipe end to end (see module docstring); returns the summary dict."""
+    """Run one recipe end to end (see module docstring); returns the summary dict.
+
+    ``check`` refuses impossible settings and ``check_data`` settings that do not fit
+    the prepared prompts, both before the model loads or anything is written."""
     from posttrain.policy.models import parameter_count
     from posttrain.runs.store import open_run
     from posttrain.train.measure import evaluate_policy, finish_summary
@@ -116,6 +121,8 @@ def run_recipe(
     custom_reward = getattr(settings, "reward", None)
     reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
     data = prepare_data(settings.data_config(), env)
+    if check_data is not None:
+        check_data(settings, data)
     root = runs_root(settings.runs_dir)
     folder = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
     timings["data_s"] = time.monotonic() - started
@@ -178,9 +185,11 @@ def run_recipe(
         mark = time.monotonic()
         try:
             outcome = train(context)
-        except KeyboardInterrupt:
-            outcome = TrainOutcome(policy=None, status="stopped", stop_reason="Ctrl-C")
-            say("interrupted: the run is marked stopped; what was measured is kept")
+        except KeyboardInterrupt as interrupt:
+            outcome = TrainOutcome(policy=None, status="stopped",
+                                   stop_reason=stop_reason(interrupt))
+            say(f"interrupted ({outcome.stop_reason}): the run is marked stopped; what was "
+                "measured is kept")
         timings["train_s"] = time.monotonic() - mark
 
         if outcome.policy is not None:
@@ -189,10 +198,11 @@ def run_recipe(
             folder.write_rows("holdout_after.jsonl", after.rows)
             timings["after_eval_s"] = time.monotonic() - mark
         summary["status"] = outcome.status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         summary["status"] = "stopped"
-        outcome.stop_reason = outcome.stop_reason or "Ctrl-C"
-        say("interrupted: the run is marked stopped; what was measured is kept")
+        outcome.stop_reason = outcome.stop_reason or stop_reason(interrupt)
+        say(f"interrupted ({outcome.stop_reason}): the run is marked stopped; what was "
+            "measured is kept")
     except BaseException as error:
         summary["error"] = f"{type(error).__name__}: {error}"
         raise
