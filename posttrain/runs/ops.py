@@ -254,7 +254,7 @@ class OpWriter:
     def add_alarm(self, name: str, kind: str, step: int | None, message: str,
                   details: Mapping[str, Any] | None = None,
                   timestamp: float | None = None) -> None:
-        """Record an alarm (``feature``, ``length``, ``divergence``, ...) at ``step``."""
+        """Record an alarm (``hack``, ``length``, ``guard``, ``divergence``, ...) at ``step``."""
         self.submit({"op": "alarm", "run": name, "kind": kind, "step": step, "message": message,
                      "details": to_jsonable(dict(details or {})), "time": timestamp})
 

@@ -165,7 +165,7 @@ class RunHandle:
 
     def alarm(self, kind: str, step: int | None, message: str,
               details: dict[str, Any] | None = None) -> None:
-        """Record an alarm (``feature``, ``length``, ``divergence`` ...) with its evidence."""
+        """Record an alarm (``hack``, ``length``, ``guard``, ...) with its evidence."""
         self._guard("add an alarm", self.store.add_alarm, kind, step, message, details or {},
                     None)
 

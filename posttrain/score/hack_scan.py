@@ -28,8 +28,9 @@ Method, for graded rows ``{prompt, scenario_id, reply, score, reward, markers}``
    groups, then shuffled as above). So ``<tool_call>`` appearing exactly when
    ``lookup_order`` is called is not reported as a second, unendorsed cause.
 
-``top_unendorsed`` is the strongest flagged feature that is not endorsed (the HackMonitor's
-``feature`` alarm); ``degenerate`` is set when no group has any reward variance. A feature
+``top_unendorsed`` is the strongest flagged feature that is not endorsed (what the reward
+audit reports first; the HackMonitor alarms only when a run exploits such a feature);
+``degenerate`` is set when no group has any reward variance. A feature
 varying within fewer than ``min_groups`` groups is never flagged (one prompt is not a
 pattern). Differences from the reference SDK (reference/whileai.md 13.2): groups may be
 scenarios, the default signal is the raw ``score`` (finer than pass/fail), and unendorsed
