@@ -13,6 +13,7 @@ from posttrain.train.alarms import (
     feature_grew,
     guard_alarm,
     length_alarm,
+    no_signal_alarm,
 )
 
 RULES = AlarmRules()  # share +0.15, length +50% and +40 chars, reward +0.05, holdout <= 0
@@ -90,3 +91,11 @@ def test_a_guard_that_falls_by_enough_raises_a_guard_alarm_whatever_pass_at_1_di
 @pytest.mark.parametrize("now", [0.80, 0.85, 0.99])
 def test_a_guard_that_held_or_rose_is_no_alarm(now):
     assert guard_alarm(30, "well_formed", Progress(0.85, now), RULES) is None
+
+
+def test_no_signal_needs_most_groups_dead_for_several_steps_in_a_row():
+    assert no_signal_alarm(4, [1.0, 1.0, 1.0, 1.0], RULES) is None  # only 4 steps yet
+    alarm = no_signal_alarm(5, [1.0, 0.9, 0.8, 1.0, 0.75], RULES)
+    assert alarm is not None and alarm.kind == "no_signal" and alarm.details["steps"] == 5
+    assert "a supervised cold start" in alarm.message and "--num-generations" in alarm.message
+    assert no_signal_alarm(6, [1.0, 1.0, 1.0, 0.5, 1.0, 1.0], RULES) is None  # one live step

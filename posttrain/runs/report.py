@@ -50,6 +50,14 @@ def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | Non
         lines += ["## Preference pairs", ""]
         lines += [f"- {key}: {value}" for key, value in summary["pair_report"].items()]
         lines.append("")
+    signal = summary.get("signal")
+    if signal:
+        spread = signal.get("reward_spread")
+        lines += ["## Learning signal", "",
+                  f"- groups with all-equal rewards (no advantage): "
+                  f"{signal['dead_group_share']:.0%} on average over {signal['steps']} steps",
+                  *([f"- mean within-group reward spread: {spread:.3f}"]
+                    if spread is not None else []), ""]
     lines += ["## Alarms", ""]
     alarms = summary.get("alarms") or []
     lines += [f"- step {a.get('step')}: **{a.get('kind')}**: {a.get('message')}" for a in alarms]

@@ -23,6 +23,9 @@ comparisons are paired):
   ``min_guard_drop`` of replies since the base policy, whatever pass@1 did: the rule
   may be paying for the broken replies (a hole in the reward the holdout, graded by
   the same rule, cannot show);
+- ``no_signal`` (``no_signal_alarm``): in each of the last ``dead_steps`` GRPO steps, at
+  least ``max_dead_share`` of the groups had all-equal rewards: no advantage, so nothing
+  to learn from them (not a hack: a run that cannot move);
 - ``divergence`` (``divergence_alarm``): only with a gold judge: the proxy reward on
   the holdout rose by ``min_reward_gain`` while the gold score did not rise by half that.
 
@@ -45,6 +48,8 @@ class AlarmRules:
     min_reward_gain: float = 0.05  # training reward (raw score) on the category
     max_holdout_gain: float = 0.0  # holdout pass@1 "did not follow": rose by at most this
     min_guard_drop: float = 0.10  # a guard marker's share of holdout replies, absolute
+    max_dead_share: float = 0.75  # share of a step's groups with all-equal rewards
+    dead_steps: int = 5  # consecutive logged steps at or above it
 
 
 @dataclass
@@ -142,6 +147,28 @@ def guard_alarm(step: int, guard: str, share: Progress, rules: AlarmRules) -> Al
                  f"{share.now:.2f}: read the replies that lost it; if the reward pays for "
                  f"them, the rule has a hole"),
         details={"guard": guard, "baseline": share.baseline, "now": share.now},
+    )
+
+
+NO_SIGNAL_REMEDIES = (
+    "a supervised cold start on a few demonstrations, more --num-generations, a higher "
+    "--temperature, or a prompt mix with more prompts the policy sometimes passes"
+)
+
+
+def no_signal_alarm(step: int, dead_shares: list[float], rules: AlarmRules) -> Alarm | None:
+    """``no_signal`` when each of the last ``dead_steps`` shares of groups with all-equal
+    rewards (TRL's ``frac_reward_zero_std``) is at least ``max_dead_share``."""
+    recent = dead_shares[-rules.dead_steps:]
+    if len(recent) < rules.dead_steps or min(recent) < rules.max_dead_share:
+        return None
+    mean = sum(recent) / len(recent)
+    return Alarm(
+        kind="no_signal", step=step,
+        message=(f"{mean:.0%} of the groups in each of the last {len(recent)} steps had "
+                 f"all-equal rewards: no advantage, so those groups teach nothing. Try "
+                 f"{NO_SIGNAL_REMEDIES}"),
+        details={"dead_share": mean, "steps": len(recent)},
     )
 
 

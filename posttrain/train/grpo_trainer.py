@@ -94,11 +94,13 @@ def train_grpo(context: Any) -> Any:
     from posttrain.train.measure import evaluation_sampling
     from posttrain.train.monitor import HackMonitor, MonitorSettings
     from posttrain.train.recipe import TrainOutcome
+    from posttrain.train.signal_watch import SignalWatch
 
     settings: GRPOSettings = context.settings
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
-    callbacks: list[Any] = [store_callback, ConsoleProgress("training")]
+    signal_watch = SignalWatch(context.run)
+    callbacks: list[Any] = [store_callback, ConsoleProgress("training"), signal_watch]
     monitor = None
     if settings.monitor_every > 0:
         monitor = HackMonitor(
@@ -135,11 +137,14 @@ def train_grpo(context: Any) -> Any:
     trainer.model.save_pretrained(str(context.folder.adapter))
     trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
     stopped_by = monitor.stopped_by if monitor else None
+    if signal_watch.describe():
+        context.say(signal_watch.describe())
     return TrainOutcome(
         policy=trained,
         status="stopped" if stopped_by else "done",
         stop_reason=stopped_by,
         history=list(trainer.state.log_history),
-        alarms=monitor.alarms if monitor else [],
-        extra={"monitor": monitor.summary() if monitor else None},
+        alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
+        extra={"monitor": monitor.summary() if monitor else None,
+               "signal": signal_watch.summary()},
     )
