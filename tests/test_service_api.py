@@ -556,3 +556,21 @@ def test_eight_concurrent_clients_with_their_own_runs_do_not_interfere(server, p
         assert results[index + 4][-1] == "finished"
         for mine, twin in zip(results[index][:-1], results[index + 4][:-1], strict=True):
             assert mine == pytest.approx(twin, rel=1e-6)
+
+
+@pytest.mark.parametrize("run_id", ["../../elsewhere", "/etc", "a/b", ".."])
+def test_load_state_refuses_a_run_id_that_would_leave_the_state_folder(server, session, run_id):
+    run = session.create_run(rank=4)
+    status, answer = raw(server, "POST", f"/runs/{run.id}/load_state",
+                         {"name": "saved", "run_id": run_id})
+    assert status == 400, answer
+    assert answer["error"]["message"].startswith("run_id: expected a name")
+    assert run.status()["next_seq"] == 1  # nothing was queued
+
+
+def test_a_missing_state_is_named_without_the_servers_paths(session):
+    run = session.create_run(rank=4)
+    with pytest.raises(OperationFailed) as failed:
+        run.submit("load_state", {"name": "never-saved"}).result()
+    assert "no saved state 'never-saved' in run" in str(failed.value)
+    assert "/" not in str(failed.value).split("no saved state", 1)[1]

@@ -410,8 +410,10 @@ def parse_state_name(body: Any, *, allow_run_id: bool = False) -> StateName:
     body = _object(body, "body")
     _only(body, ("seq", "name", "run_id") if allow_run_id else ("seq", "name"), "body")
     run_id = body.get("run_id")
-    if run_id is not None and not isinstance(run_id, str):
-        raise BadRequest(f"run_id: expected a string, got {_kind(run_id)}")
+    if run_id is not None:
+        # a run id names a folder under the state folder: the same rule as a name, so
+        # "../../elsewhere" cannot reach outside it
+        run_id = state_name(run_id, "run_id")
     return StateName(state_name(_required(body, "name", "body"), "name"), run_id)
 
 

@@ -127,7 +127,9 @@ def load_state(folder: Path, model: Any, *, base_model: str) -> dict[str, Any]:
 
     info_path = folder / "state.json"
     if not info_path.is_file():
-        raise LookupError(f"no saved state at {folder} (save_state writes one)")
+        # named by run and state, never by absolute path: the client need not learn it
+        raise LookupError(f"no saved state {folder.name!r} in run {folder.parent.parent.name!r} "
+                          "(save_state writes one)")
     info = json.loads(info_path.read_text())
     if info.get("base_model") != base_model:
         raise ValueError(
