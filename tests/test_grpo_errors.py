@@ -65,7 +65,7 @@ def test_missing_from_run(capsys, tmp_path):
 
 def test_rollout_sampling_settings_are_checked(capsys, tmp_path):
     code, err = run_grpo(capsys, tmp_path, "--temperature", "0")
-    assert code == 2 and "--temperature must be above 0" in err
+    assert code == 2 and "--temperature must be a number above 0" in err
     code, err = run_grpo(capsys, tmp_path, "--top-p", "1.5")
     assert code == 2 and "--top-p must be in (0, 1]" in err
     assert not (tmp_path / "runs").exists()
