@@ -71,7 +71,7 @@ def test_settings_map_onto_trl_dpo_config(tmp_path):
 
     settings = DPOSettings(steps=7, beta=0.2, loss_type="ipo", batch_size=4, max_length=256)
     config = DPOConfig(**dpo_config_kwargs(settings, 1e-3, str(tmp_path), "cpu"))
-    assert config.loss_type == ["ipo"]  # TRL 1.16 takes a list of losses
+    assert config.loss_type == ["ipo", "sft"]  # TRL 1.16 takes a list of losses; sft by default
     assert (config.max_steps, config.beta, config.learning_rate) == (7, 0.2, 1e-3)
     assert (config.per_device_train_batch_size, config.max_length) == (4, 256)
     assert config.label_smoothing == 0.0
@@ -95,8 +95,17 @@ def test_an_sft_weight_adds_trls_sft_loss_beside_the_preference_loss(tmp_path):
     check_dpo_settings(settings)
     config = DPOConfig(**dpo_config_kwargs(settings, 1e-3, str(tmp_path), "cpu"))
     assert config.loss_type == ["sigmoid", "sft"] and config.loss_weights == [1.0, 0.5]
-    plain = DPOConfig(**dpo_config_kwargs(DPOSettings(), 1e-3, str(tmp_path), "cpu"))
-    assert plain.loss_type == ["sigmoid"] and plain.loss_weights is None
+    default = DPOConfig(**dpo_config_kwargs(DPOSettings(), 1e-3, str(tmp_path), "cpu"))
+    assert default.loss_type == ["sigmoid", "sft"] and default.loss_weights == [1.0, 1.0]
+    seed = DPOConfig(**dpo_config_kwargs(DPOSettings(sft_weight=0.0), 1e-3, str(tmp_path), "cpu"))
+    assert seed.loss_type == ["sigmoid"] and seed.loss_weights is None  # the seed recipe's
+
+
+def test_the_sft_term_is_on_by_default_except_when_the_loss_is_sft_already():
+    assert DPOSettings().resolved_sft_weight() == 1.0
+    assert DPOSettings(loss_type="sft").resolved_sft_weight() == 0.0
+    check_dpo_settings(DPOSettings(loss_type="sft"))  # no "leave --sft-weight at 0" error
+    assert DPOSettings(sft_weight=0.0).resolved_defaults()["sft_weight"] == 0.0
 
 
 def test_exo_pair_gets_the_label_smoothing_trl_requires(tmp_path):

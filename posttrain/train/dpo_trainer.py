@@ -171,7 +171,8 @@ def train_dpo(context: Any) -> Any:
             "sees all of them, so expect the adapter to memorise them"
         )
     epochs = settings.steps * settings.batch_size / report.pairs
-    sft = f" + {settings.sft_weight:g} x sft" if settings.sft_weight else ""
+    sft_weight = settings.resolved_sft_weight()
+    sft = f" + {sft_weight:g} x sft" if sft_weight else ""
     context.say(
         f"training: DPO, {settings.steps} steps x {settings.batch_size} pairs "
         f"(~{epochs:.1f} passes over {report.pairs} pairs), loss {settings.loss_type}{sft}, "

@@ -167,6 +167,11 @@ class RecipeSettings:
         """Every field, for ``config.json``."""
         return dataclasses.asdict(self)
 
+    def resolved_defaults(self) -> dict[str, Any]:
+        """Settings whose default depends on others, as the run uses them (``config.json``
+        ``resolved``); a recipe adds its own."""
+        return {}
+
 
 def _finite(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
