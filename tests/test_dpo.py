@@ -42,12 +42,20 @@ def settings_for(*flags: str) -> DPOSettings:
 # ---------------------------------------------------------------- flags and config
 
 
-def test_defaults_are_the_seed_recipes():
+def test_defaults_are_the_seed_recipes_but_for_small_models_the_measured_ones():
     settings = settings_for()
-    assert (settings.steps, settings.beta, settings.loss_type) == (60, 0.1, "sigmoid")
+    assert (settings.steps, settings.loss_type) == (60, "sigmoid")
     assert (settings.pair_samples, settings.constructed_share) == (8, 0.3)
     assert settings.run_name == "refund-dpo-v1"
-    assert settings.pairs is None and not settings.constructed_negatives
+    # the seed's beta above 50M parameters; 0.3 for the starters (docs/recipes/dpo.md)
+    assert settings.resolved_beta(1_500_000_000) == 0.1
+    assert settings.resolved_beta(9_000_000) == 0.3
+    assert settings_for("--beta", "0.1").resolved_beta(9_000_000) == 0.1
+    # constructed negatives: on for sampled pairs, off with a pairs file, flags both ways
+    assert settings.pairs is None and settings.resolved_constructed_negatives()
+    assert not settings_for("--pairs", "p.jsonl").resolved_constructed_negatives()
+    assert not settings_for("--no-constructed-negatives").resolved_constructed_negatives()
+    assert settings_for("--constructed-negatives").constructed_negatives is True
 
 
 def test_every_seed_flag_reaches_the_settings():
@@ -81,9 +89,9 @@ def test_settings_map_onto_trl_dpo_config(tmp_path):
 
 
 def test_the_default_learning_rate_is_dpos_own_and_scales_with_model_size():
-    # starter sizes get 5e-5 (measured in docs/recipes/dpo.md)
+    # starter sizes get 1e-4 (measured in docs/recipes/dpo.md)
     settings = DPOSettings()
-    assert settings.default_learning_rate(2_000_000) == 5e-5
+    assert settings.default_learning_rate(2_000_000) == 1e-4
     assert settings.default_learning_rate(135_000_000) == 2e-5
     assert settings.default_learning_rate(1_500_000_000) == 5e-6  # the seed's, for 1.5B
 
@@ -105,7 +113,7 @@ def test_the_sft_term_is_on_by_default_except_when_the_loss_is_sft_already():
     assert DPOSettings().resolved_sft_weight() == 1.0
     assert DPOSettings(loss_type="sft").resolved_sft_weight() == 0.0
     check_dpo_settings(DPOSettings(loss_type="sft"))  # no "leave --sft-weight at 0" error
-    assert DPOSettings(sft_weight=0.0).resolved_defaults()["sft_weight"] == 0.0
+    assert DPOSettings(sft_weight=0.0).resolved_defaults(9_000_000)["sft_weight"] == 0.0
 
 
 def test_exo_pair_gets_the_label_smoothing_trl_requires(tmp_path):

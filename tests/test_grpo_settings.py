@@ -227,7 +227,7 @@ def test_each_recipe_resolves_its_own_default_rate_in_one_place():
 
     # the rate config.json, the console and the trainer all use (one resolution)
     assert parse().resolved_learning_rate(9_000_000) == (3e-4, "default for model size")
-    assert DPOSettings().resolved_learning_rate(9_000_000) == (5e-5, "default for model size")
+    assert DPOSettings().resolved_learning_rate(9_000_000) == (1e-4, "default for model size")
     assert parse("--learning-rate", "1e-5").resolved_learning_rate(9_000_000) == (1e-5, "flag")
 
 

@@ -51,6 +51,10 @@ def add_dataclass_args(
         if kind is bool and default is False:
             parser.add_argument(_flag(field), dest=field.name, action="store_true", help=help_text)
             continue
+        if kind is bool:  # on by default, or decided by other settings: --x / --no-x
+            parser.add_argument(_flag(field), dest=field.name, default=default,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+            continue
         shown = "" if default in (None, "") else f" (default {default})"
         parser.add_argument(
             _flag(field),

@@ -67,17 +67,22 @@ DEFAULT_SFT_WEIGHT = 1.0
 # EXO's epsilon; the paper's recommended value, and TRL refuses 0 for exo_pair
 EXO_LABEL_SMOOTHING = 1e-3
 
-# LoRA learning rates for DPO by base-model size (parameters, rate). On the 1.6M starter
-# (docs/recipes/dpo.md): 3e-4 sent no-id pass@1 from 0.75 to 0.31; 1e-4 raised with-id
-# (+0.12) but dropped no-id (-0.12); 5e-5 raised both a little (+0.05 overall, both
-# groups up, well_formed held). The larger sizes are not measured here; they step down
-# to the seed's 5e-6 for 1.5B.
+# LoRA learning rates for DPO by base-model size (parameters, rate). On the 9.1M starter
+# (docs/recipes/dpo.md, "Choosing the defaults"), with the sft term and constructed
+# negatives on and beta 0.3: 1e-4 moved +0.19 with every category held; the seed's
+# shape (5e-5, beta 0.1, neither) read +0.07 with the well_formed guard falling. The
+# larger sizes are not measured here; they step down to the seed's 5e-6 for 1.5B.
 DPO_LEARNING_RATE_BY_SIZE = (
-    (50e6, 5e-5),
+    (50e6, 1e-4),
     (300e6, 2e-5),
     (1e9, 1e-5),
 )
 DPO_LARGE_MODEL_LEARNING_RATE = 5e-6
+# beta by size: a model this small needs a tighter leash to its reference (at 0.1 with
+# the rest as above it lost 0.17 on off-topic prompts); above it, the seed's 0.1
+SMALL_MODEL_PARAMETERS = 50e6
+SMALL_MODEL_BETA = 0.3
+SEED_BETA = 0.1
 
 
 def dpo_default_learning_rate(parameters: int) -> float:
@@ -95,15 +100,19 @@ class DPOSettings(RecipeSettings):
     learning_rate: float | None = field(
         default=None,
         metadata={
-            "help": "LoRA learning rate; default by model size: 5e-5 up to 50M parameters, "
+            "help": "LoRA learning rate; default by model size: 1e-4 up to 50M parameters, "
             "2e-5 up to 300M, 1e-5 up to 1B, 5e-6 above (lower than GRPO's: see "
             "docs/recipes/dpo.md)"
         },
     )
     steps: int = field(default=60, metadata={"help": "optimizer steps"})
-    beta: float = field(
-        default=0.1,
-        metadata={"help": "how far from the reference (adapter off) the policy may move"},
+    beta: float | None = field(
+        default=None,
+        metadata={
+            "help": "how far from the reference (adapter off) the policy may move; default by "
+            f"model size: {SMALL_MODEL_BETA:g} up to 50M parameters, {SEED_BETA:g} (the seed's) "
+            "above"
+        },
     )
     loss_type: str = field(
         default="sigmoid",
@@ -144,11 +153,13 @@ class DPOSettings(RecipeSettings):
         default=False,
         metadata={"help": "with --pairs: drop bad lines (and count them) instead of stopping"},
     )
-    constructed_negatives: bool = field(
-        default=False,
+    constructed_negatives: bool | None = field(
+        default=None,
         metadata={
             "help": "add (own passing reply, the environment's known-bad reply) pairs where it "
-            "knows one (refund: an invented lookup on prompts without an id)"
+            "knows one (refund: an invented lookup on prompts without an id). Default: on "
+            "when pairs are sampled and the environment has the hook, off with --pairs; "
+            "--no-constructed-negatives is the seed recipe's"
         },
     )
     constructed_share: float = field(
@@ -183,8 +194,24 @@ class DPOSettings(RecipeSettings):
             return self.sft_weight
         return 0.0 if self.loss_type == "sft" else DEFAULT_SFT_WEIGHT
 
-    def resolved_defaults(self) -> dict[str, Any]:
-        return {"sft_weight": self.resolved_sft_weight(),
+    def resolved_beta(self, parameters: int) -> float:
+        """``--beta``, or the default for a model of ``parameters``."""
+        if self.beta is not None:
+            return self.beta
+        return SMALL_MODEL_BETA if parameters <= SMALL_MODEL_PARAMETERS else SEED_BETA
+
+    def resolved_constructed_negatives(self, env: Any = None) -> bool:
+        """``--constructed-negatives`` / ``--no-...``, or on unless ``--pairs`` is given or
+        the environment has no ``constructed_negative`` hook."""
+        if self.constructed_negatives is not None:
+            return self.constructed_negatives
+        has_hook = env is None or callable(getattr(env, "constructed_negative", None))
+        return not self.pairs and has_hook
+
+    def resolved_defaults(self, parameters: int) -> dict[str, Any]:
+        return {"beta": self.resolved_beta(parameters),
+                "sft_weight": self.resolved_sft_weight(),
+                "constructed_negatives": self.resolved_constructed_negatives(),
                 "label_smoothing": self.resolved_label_smoothing()}
 
     def resolved_label_smoothing(self) -> float:
@@ -213,7 +240,7 @@ def check_dpo_settings(settings: DPOSettings) -> None:
         )
     if settings.steps < 1:
         raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
-    if not (math.isfinite(settings.beta) and settings.beta > 0):
+    if settings.beta is not None and not (math.isfinite(settings.beta) and settings.beta > 0):
         raise PosttrainError(f"--beta must be a number above 0, got {settings.beta}")
     smoothing = settings.resolved_label_smoothing()
     if settings.loss_type == "exo_pair" and smoothing <= 0:
@@ -242,7 +269,7 @@ def check_dpo_settings(settings: DPOSettings) -> None:
     if settings.max_length < 16:
         raise PosttrainError(f"--max-length must be at least 16 tokens, got {settings.max_length}")
     if settings.pairs:
-        if settings.constructed_negatives:
+        if settings.constructed_negatives:  # asked for by name: the default is off here
             raise PosttrainError(
                 "--constructed-negatives is built from the policy's own samples and cannot be "
                 "added to --pairs; build the file with `posttrain pairs build "
@@ -254,9 +281,11 @@ def check_dpo_settings(settings: DPOSettings) -> None:
 
 
 def dpo_config_kwargs(
-    settings: DPOSettings, learning_rate: float, output_dir: str, device: str
+    settings: DPOSettings, learning_rate: float, output_dir: str, device: str,
+    parameters: int = 0,
 ) -> dict[str, Any]:
-    """The ``trl.DPOConfig`` arguments for these settings (pure: tested without TRL)."""
+    """The ``trl.DPOConfig`` arguments for these settings and a model of ``parameters``
+    (pure: tested without TRL)."""
     on_gpu = device.startswith("cuda")
     return {
         "output_dir": output_dir,
@@ -264,7 +293,7 @@ def dpo_config_kwargs(
         "per_device_train_batch_size": settings.batch_size,
         "gradient_accumulation_steps": 1,
         "learning_rate": learning_rate,
-        "beta": settings.beta,
+        "beta": settings.resolved_beta(parameters),
         **dpo_loss_kwargs(settings),
         "label_smoothing": settings.resolved_label_smoothing(),
         "max_length": settings.max_length,

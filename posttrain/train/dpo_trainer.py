@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.policy.models import Policy, lora_config
+from posttrain.policy.models import Policy, lora_config, parameter_count
 from posttrain.train.dpo import DPOSettings, dpo_config_kwargs
 from posttrain.train.grpo_trainer import quiet_transformers_warnings
 from posttrain.train.pairs import (
@@ -89,7 +89,8 @@ def sample_pairs(context: Any, agent: Any) -> tuple[list[Pair], PairReport]:
         env=context.env,
         min_margin=settings.min_margin,
         max_pairs_per_prompt=settings.max_pairs_per_prompt,
-        constructed_share=settings.constructed_share if settings.constructed_negatives else None,
+        constructed_share=(settings.constructed_share
+                           if settings.resolved_constructed_negatives(context.env) else None),
     )
     if report.sampled_pairs == 0:
         raise PosttrainError(
@@ -128,7 +129,8 @@ def build_dpo_trainer(
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     policy.model.train()
     with quiet_transformers_warnings():
-        config = DPOConfig(**dpo_config_kwargs(settings, learning_rate, output_dir, policy.device))
+        config = DPOConfig(**dpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
+                                               parameters=parameter_count(policy.model)))
         trainer = DPOTrainer(
             model=policy.model,
             ref_model=None,  # with peft_config: the reference is the adapter switched off
@@ -176,7 +178,7 @@ def train_dpo(context: Any) -> Any:
     context.say(
         f"training: DPO, {settings.steps} steps x {settings.batch_size} pairs "
         f"(~{epochs:.1f} passes over {report.pairs} pairs), loss {settings.loss_type}{sft}, "
-        f"beta {settings.beta}"
+        f"beta {settings.resolved_beta(parameter_count(context.policy.model)):g}"
     )
     callbacks = [
         TrainerCallback(context.run, total_steps=settings.steps),

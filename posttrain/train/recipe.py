@@ -144,7 +144,7 @@ def run_recipe(
             "device": policy.device,
             "dtype": policy.dtype,
             "from_run": from_run_path,
-            **settings.resolved_defaults(),
+            **settings.resolved_defaults(parameters),
         },
         "data": {"source": data.source, "split": data.split, **data.counts()},
         "versions": _versions(),

@@ -167,9 +167,10 @@ class RecipeSettings:
         """Every field, for ``config.json``."""
         return dataclasses.asdict(self)
 
-    def resolved_defaults(self) -> dict[str, Any]:
-        """Settings whose default depends on others, as the run uses them (``config.json``
-        ``resolved``); a recipe adds its own."""
+    def resolved_defaults(self, parameters: int) -> dict[str, Any]:
+        """Settings whose default depends on others or on the model's size
+        (``parameters``), as the run uses them (``config.json`` ``resolved``); a recipe
+        adds its own."""
         return {}
 
 
