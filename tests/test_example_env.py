@@ -130,20 +130,20 @@ def test_grpo_and_dpo_train_on_the_example(starter_2m_folder, tmp_path):
                  "--monitor-every", "1", "--run-name", "lib-grpo"])
     summary = json.loads((runs / "lib-grpo" / "summary.json").read_text())
     assert code == (0 if summary["ok"] else 1) and summary["status"] == "done"
-    assert set(summary["by_category_before"]) <= {"title", "loan", "chitchat"}
+    assert {g["name"] for g in summary["by_category_before"]} <= {"title", "loan", "chitchat"}
     assert summary["reward_audit"]["endorsed"]["loan"][-2:] == ["tool:renew_loan", "tool_call"]
     assert len(summary["monitor"]["checks"]) == 2
     code = main(["dpo", *fast, "--steps", "2", "--pair-samples", "4", "--run-name", "lib-dpo"])
     summary = json.loads((runs / "lib-dpo" / "summary.json").read_text())
     assert summary["status"] == "done" and summary["recipe"] == "dpo"
-    assert set(summary["by_category_after"]) <= {"title", "loan", "chitchat"}
+    assert {g["name"] for g in summary["by_category_after"]} <= {"title", "loan", "chitchat"}
 
 
 @pytest.mark.slow
 def test_the_primitives_demo_runs_the_example(starter_2m_folder, tmp_path):
     from posttrain.service.demo import DemoSettings, run_demo
 
-    settings = DemoSettings(base_model="starter-2m", env=ENV_FLAG, prompts=60, cycles=1,
+    settings = DemoSettings(base_model="starter-2m", env=ENV_FLAG, prompts=60, cycles=2,
                             groups_per_cycle=2, num_samples=4, max_tokens=16, eval_prompts=6,
                             eval_samples=2, out=str(tmp_path))
     summary = run_demo(settings, say=lambda line: None)
