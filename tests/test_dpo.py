@@ -270,7 +270,9 @@ def test_round_one_writes_the_documented_run_folder(round_one):
     assert "## Preference pairs" in (round_one / "report.md").read_text()
     config = json.loads((round_one / "config.json").read_text())
     assert config["recipe"] == "dpo" and config["settings"]["pair_samples"] == 4
-    assert config["resolved"]["learning_rate"] == summary["learning_rate"] == 5e-5
+    assert config["resolved"]["learning_rate"] == summary["learning_rate"] == 1e-4
+    assert (config["resolved"]["beta"], config["resolved"]["sft_weight"]) == (0.3, 1.0)
+    assert config["resolved"]["constructed_negatives"] is True
 
 
 @pytest.mark.slow
