@@ -162,12 +162,19 @@ UI_MAIN = (
 )
 
 
-def test_ui_command_prints_its_url_serves_the_run_list_and_stops_on_ctrl_c(runs_dir):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `posttrain ui &` in a script gets
+
+
+@pytest.mark.parametrize("started_ignoring_sigint", [False, True])
+def test_ui_command_prints_its_url_serves_the_run_list_and_stops_on_ctrl_c(
+        runs_dir, started_ignoring_sigint):
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     environment.pop("POSTTRAIN_TOKEN", None)
     process = subprocess.Popen(
         [sys.executable, "-c", UI_MAIN, "ui", "--runs-dir", str(runs_dir), "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+        preexec_fn=_ignore_sigint if started_ignoring_sigint else None,
     )
     try:
         line = process.stdout.readline()

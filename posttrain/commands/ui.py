@@ -8,6 +8,7 @@ import os
 import socket
 
 from posttrain.errors import PosttrainError
+from posttrain.interrupts import interruptible
 from posttrain.runs.folder import runs_root
 from posttrain.runs.store import DB_FILENAME, TOKEN_ENV
 
@@ -103,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
     try:
-        # recipes started on this runs folder print their run page's URL
-        with announce_dashboard(store_path.parent, url):
+        # recipes started on this runs folder print their run page's URL; Ctrl-C and
+        # SIGTERM stop it even when started in the background with SIGINT ignored
+        with interruptible(), announce_dashboard(store_path.parent, url):
             server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         print("posttrain ui: stopped", flush=True)

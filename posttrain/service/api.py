@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from posttrain.errors import PosttrainError
+from posttrain.interrupts import interruptible
 from posttrain.service.engine import PRIMITIVES, Engine
 from posttrain.service.errors import (
     BadRequest,
@@ -310,7 +311,8 @@ def serve(
         print(f"  {len(dormant)} dormant run(s) can be resumed: "
               + ", ".join(r["run_id"] for r in dormant), flush=True)
     try:
-        threading.Event().wait()
+        with interruptible():  # Ctrl-C and SIGTERM, even when started with SIGINT ignored
+            threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
