@@ -464,17 +464,20 @@ def export_preference(pairs: Iterable[Pair], path: str | os.PathLike) -> Path:
         if problem is not None:
             where, what = problem
             raise ValueError(f"pair {index}" + (f" field {where!r}" if where else "") + f": {what}")
-        lines.append(
-            {
-                "prompt": pair["prompt"],
-                "chosen": pair["chosen"],
-                "rejected": pair["rejected"],
-                "margin": pair.get("margin"),
-                "scenario_id": str(pair.get("scenario_id", "")),
-                "constructed": bool(pair.get("constructed", False)),
-            }
-        )
+        lines.append(pair_record(pair))
     return write_jsonl_atomic(path, lines)
+
+
+def pair_record(pair: dict[str, Any]) -> Pair:
+    """A checked pair in the file's shape: our six fields, the optional ones filled in."""
+    return {
+        "prompt": pair["prompt"],
+        "chosen": pair["chosen"],
+        "rejected": pair["rejected"],
+        "margin": pair.get("margin"),
+        "scenario_id": str(pair.get("scenario_id", "")),
+        "constructed": bool(pair.get("constructed", False)),
+    }
 
 
 def load_pairs(
@@ -509,16 +512,7 @@ def load_pairs(
                 raise InputFileError(str(path), line_number, problem[0], problem[1] + hint)
             skipped.append(str(error))
             continue
-        pairs.append(
-            {
-                "prompt": item["prompt"],
-                "chosen": item["chosen"],
-                "rejected": item["rejected"],
-                "margin": item.get("margin"),
-                "scenario_id": str(item.get("scenario_id", "")),
-                "constructed": bool(item.get("constructed", False)),
-            }
-        )
+        pairs.append(pair_record(item))
     if not pairs:
         what = (
             f"no usable preference pair ({len(skipped)} invalid lines)"
