@@ -94,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.compare:
         return run_compare(args)
+    from posttrain.score.episode_stats import episode_stats, format_episode_stats
     from posttrain.score.format import format_group_table
     from posttrain.score.passat import category_table, pass_at
 
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                     "pass_at": overall.to_dict(),
                     "repeats_pass_at_1": repeats,
                     "seconds": round(evaluation.seconds, 3),
+                    **({"episodes": episode_stats(rows)} if episode_stats(rows) else {}),
                 },
                 sort_keys=True,
             )
@@ -151,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
     if len(repeats) > 1:
         print("repeats pass@1: " + ", ".join(f"{value:.3f}" for value in repeats))
     print(format_group_table(category_table(rows, seed=args.eval_seed)))
+    episodes = episode_stats(rows)
+    if episodes:
+        print(format_episode_stats(episodes))
     if args.out:
         print(f"rows written to {args.out}")
     return 0

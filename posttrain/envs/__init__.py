@@ -9,6 +9,7 @@ from posttrain.plugins import load_object
 # built-in environments: name -> "module:attribute"
 BUILTIN_ENVS = {
     "refund": "posttrain.envs.refund:REFUND_ENV",
+    "refund-multiturn": "posttrain.envs.refund_multiturn:REFUND_MULTITURN_ENV",
 }
 #: what every command uses without --env
 DEFAULT_ENV = "refund"

@@ -27,6 +27,17 @@ command that needs a missing one with an error naming the flag that replaces it)
   prompt and those columns (``case_of`` below) everywhere a reply is scored.
 
 ``categories`` (required) names the prompt categories in display order.
+
+A *multi-turn* environment (``is_multi_turn``) adds ``max_turns`` and
+``new_desk(case)``: a fresh episode whose ``call(name, arguments) -> str`` executes
+one tool call and returns its result text, and whose ``done`` says the episode
+ended (a refund went through, say). The episode runner (``posttrain.score.episodes``)
+plays it: each policy turn with ``<tool_call>`` blocks is executed and the results
+go back as tool messages; a plain turn, ``done`` or ``max_turns`` ends it. Its
+``score``/``markers`` receive the policy's turns joined by ``wire.TURN_SEPARATOR``
+(the row's ``reply``) and must replay them rather than trust a result written in
+the text. ``episode_summary(reply, case)`` gives the row's turn and tool counts, and
+``trl_environment()`` the class GRPO hands TRL as ``environment_factory``.
 """
 
 from __future__ import annotations
@@ -87,6 +98,12 @@ def env_hook(env: Env, name: str, lacks: str, instead: str) -> Callable[..., Any
             f"environment {getattr(env, 'name', env)!r} {lacks} (no {name} hook): {instead}"
         )
     return hook
+
+
+def is_multi_turn(env: Env) -> bool:
+    """Does the environment play episodes (``max_turns`` and ``new_desk``)?"""
+    return callable(getattr(env, "new_desk", None)) and isinstance(
+        getattr(env, "max_turns", None), int)
 
 
 #: JSON types a ``record_fields`` entry may name, and the Python values that match each

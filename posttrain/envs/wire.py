@@ -9,6 +9,10 @@ A tool call is one block in the reply::
 (Qwen2.5's format, and the starter's). Environments read calls with
 ``parse_tool_call``; constructed negatives and scripted agents write them with
 ``render_tool_call``.
+
+A multi-turn episode's policy turns travel as one text, joined by ``TURN_SEPARATOR``
+(``join_turns``/``split_turns``): that is a graded row's ``reply``, so every statistic
+and scan that reads replies reads episodes too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+#: what separates the policy's turns in an episode's ``reply``: the chat end-of-turn
+#: text, which a sampled turn never holds (a special token, stripped from the text)
+TURN_SEPARATOR = "\n<|im_end|>\n"
 
 
 def render_tool_call(name: str, arguments: dict[str, Any], *, canonical: bool = False) -> str:
@@ -56,3 +63,25 @@ def parse_tool_call(text: str) -> dict[str, Any] | None:
     if not isinstance(arguments, dict):
         arguments = {}
     return {"name": name.strip(), "arguments": arguments}
+
+
+def parse_tool_calls(text: str) -> list[dict[str, Any]] | None:
+    """Every ``<tool_call>`` block of ``text`` in order (``[]`` for plain prose); None
+    when a block is opened and not closed, or does not parse."""
+    text = text or ""
+    blocks = _TOOL_CALL_BLOCK.findall(text)
+    if text.count(TOOL_CALL_OPEN) != len(blocks):
+        return None
+    calls = [parse_tool_call(f"{TOOL_CALL_OPEN}{block}</tool_call>") for block in blocks]
+    return None if any(call is None for call in calls) else calls  # type: ignore[return-value]
+
+
+def join_turns(turns: list[str]) -> str:
+    """An episode's policy turns as one ``reply`` text."""
+    return TURN_SEPARATOR.join(turns)
+
+
+def split_turns(reply: str) -> list[str]:
+    """An episode's ``reply`` back into the policy's turns."""
+    return (reply or "").split(TURN_SEPARATOR)
+

@@ -44,6 +44,12 @@ def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | Non
         lines += ["## Before (no after-evaluation: the run did not finish training)", ""]
         before = summary["before"]
         lines += [f"pass@1 {before.get('pass_at_1')} (interval {before.get('ci95')})", ""]
+    if summary.get("episodes_before") and summary.get("episodes_after"):
+        from posttrain.score.episode_stats import format_episode_change
+
+        lines += ["## Episodes", "",
+                  format_episode_change(summary["episodes_before"], summary["episodes_after"]),
+                  ""]
     lines += _category_lines("By category, before", summary.get("by_category_before"))
     lines += _category_lines("By category, after", summary.get("by_category_after"))
     if summary.get("pair_report"):

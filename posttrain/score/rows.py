@@ -7,10 +7,14 @@ trainer reads::
      "markers", "policy", "sampling", "eval_run"}
 
 ``score`` is the environment's raw rule score (or a judge's), ``reward`` is 1
-when it passes (score >= 1.0) and 0 otherwise. Each sample gets its own seed,
-derived from (seed, eval_run, scenario, prompt, sample index) with SHA-256, so a
-seeded evaluation is reproducible and two ``eval_run`` values of the same policy
-are independent re-evaluations (what the noise band is made of).
+when it passes (score >= 1.0) and 0 otherwise. A multi-turn environment's row is one
+episode: ``reply`` holds the policy's turns (``wire.TURN_SEPARATOR`` between them),
+``transcript`` the conversation after the prompt (turns and tool results) and
+``episode`` its counts (``turns``, ``tool_calls``, ``failed_calls``, ``ended``).
+
+Each sample gets its own seed, derived from (seed, eval_run, scenario, prompt, sample
+index) with SHA-256, so a seeded evaluation is reproducible and two ``eval_run``
+values of the same policy are independent re-evaluations (what the noise band is made of).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.base import Env, case_of, passes, reads_records
+from posttrain.envs.base import Env, case_of, is_multi_turn, passes, reads_records
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.policy.agents import BatchAgent, stable_seed
@@ -60,11 +64,15 @@ def grade_replies(
     sampling: dict[str, Any] | None = None,
     eval_run: int = 0,
     judge: Judge | None = None,
+    transcripts: Sequence[list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Score replies already sampled: ``requests[i] = (record, sample_index, seed)``."""
+    """Score replies already sampled: ``requests[i] = (record, sample_index, seed)``;
+    ``transcripts[i]``, for a multi-turn environment, is episode ``i``'s conversation."""
     rows = []
     columns = reads_records(env)
-    for (record, sample, seed), reply in zip(requests, replies, strict=True):
+    episodes = is_multi_turn(env)
+    for index, ((record, sample, seed), reply) in enumerate(
+            zip(requests, replies, strict=True)):
         case = case_of(env, record)
         raw = _judge_score(judge, reply, record) if judge else env.score(reply, case)
         rows.append(
@@ -84,6 +92,10 @@ def grade_replies(
                 **({"case": case} if columns else {}),
             }
         )
+        if episodes:
+            summary = getattr(env, "episode_summary", None)
+            rows[-1]["episode"] = summary(reply, case) if callable(summary) else {}
+            rows[-1]["transcript"] = list(transcripts[index]) if transcripts else []
     return rows
 
 
@@ -117,6 +129,9 @@ def grade(
     is_batch = isinstance(agent, BatchAgent)
     policy = getattr(agent, "policy", {"agent": getattr(agent, "__name__", type(agent).__name__)})
     sampling = getattr(agent, "sampling", {})
+    if is_multi_turn(env):
+        return _grade_episodes(env, requests, agent, policy, sampling, eval_run, judge,
+                               progress, chunk_size)
     replies: list[str] = []
     for start in range(0, len(requests), chunk_size):
         chunk = requests[start : start + chunk_size]
@@ -133,6 +148,26 @@ def grade(
     return grade_replies(
         env, requests, replies, policy=policy, sampling=sampling, eval_run=eval_run, judge=judge
     )
+
+
+def _grade_episodes(env: Env, requests: list[tuple[dict[str, Any], int, int]], agent: Any,
+                    policy: dict[str, Any], sampling: dict[str, Any], eval_run: int,
+                    judge: Judge | None, progress: Progress | None,
+                    chunk_size: int) -> list[dict[str, Any]]:
+    """``grade`` for a multi-turn environment: one played episode per request."""
+    from posttrain.score.episodes import play_episodes
+
+    played = []
+    for start in range(0, len(requests), chunk_size):
+        chunk = requests[start : start + chunk_size]
+        played.extend(play_episodes(
+            env, [(env.messages_for(record["prompt"]), case_of(env, record), seed)
+                  for record, _, seed in chunk], agent))
+        if progress is not None:
+            progress(len(played), len(requests))
+    return grade_replies(env, requests, [episode.reply for episode in played], policy=policy,
+                         sampling=sampling, eval_run=eval_run, judge=judge,
+                         transcripts=[episode.transcript for episode in played])
 
 
 _REQUIRED_ROW_FIELDS = {

@@ -37,6 +37,10 @@ from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 STOP_ON_ALARMS = ("hack", "length", "guard")
+SINGLE_TURN_COMPLETION_LENGTH = 64
+# an episode's turns and tool results share one budget in TRL's tool loop (ask, look up,
+# refund: three calls and three results, ~250 tokens with the starter's tokenizer)
+MULTI_TURN_COMPLETION_LENGTH = 320
 
 
 @dataclass
@@ -80,8 +84,11 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "sampling temperature of the training rollouts"},
     )
     top_p: float = field(default=0.95, metadata={"help": "top-p of the training rollouts"})
-    max_completion_length: int = field(
-        default=64, metadata={"help": "longest completion sampled in training, in tokens"}
+    max_completion_length: int | None = field(
+        default=None,
+        metadata={"help": "longest completion sampled in training, in tokens; a multi-turn "
+                          "episode's turns and tool results share it (default: 64, or "
+                          f"{MULTI_TURN_COMPLETION_LENGTH} for a multi-turn environment)"},
     )
     monitor_every: int = field(
         default=10,
@@ -111,6 +118,12 @@ class GRPOSettings(RecipeSettings):
 
     def completions_per_step(self) -> int:
         return self.batch_size if self.batch_size is not None else 4 * self.num_generations
+
+    def completion_budget(self, multi_turn: bool = False) -> int:
+        """``--max-completion-length``, or its default for the environment."""
+        if self.max_completion_length is not None:
+            return self.max_completion_length
+        return MULTI_TURN_COMPLETION_LENGTH if multi_turn else SINGLE_TURN_COMPLETION_LENGTH
 
     def stop_on_alarms(self) -> tuple[str, ...]:
         return tuple(part.strip() for part in self.stop_on.split(",") if part.strip())
@@ -149,7 +162,7 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         raise PosttrainError(f"--beta must be a number >= 0, got {settings.beta}")
     if not (math.isfinite(settings.epsilon_high) and settings.epsilon_high >= 0):
         raise PosttrainError(f"--epsilon-high must be a number >= 0, got {settings.epsilon_high}")
-    if settings.max_completion_length < 1:
+    if settings.max_completion_length is not None and settings.max_completion_length < 1:
         raise PosttrainError(
             f"--max-completion-length must be at least 1, got {settings.max_completion_length}"
         )
@@ -169,17 +182,22 @@ def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:
 
 
 def grpo_config_kwargs(
-    settings: GRPOSettings, learning_rate: float, output_dir: str, device: str
+    settings: GRPOSettings, learning_rate: float, output_dir: str, device: str,
+    max_turns: int | None = None,
 ) -> dict[str, Any]:
-    """The ``trl.GRPOConfig`` arguments for these settings (pure: tested without TRL)."""
+    """The ``trl.GRPOConfig`` arguments for these settings (pure: tested without TRL).
+    ``max_turns``: the policy turns of a multi-turn environment's episode (TRL runs
+    ``max_turns - 1`` rounds of tool results)."""
     on_gpu = device.startswith("cuda")
+    multi_turn = max_turns is not None
     return {
         "output_dir": output_dir,
         "max_steps": settings.steps,
         "per_device_train_batch_size": settings.completions_per_step(),
         "gradient_accumulation_steps": 1,
         "num_generations": settings.num_generations,
-        "max_completion_length": settings.max_completion_length,
+        "max_completion_length": settings.completion_budget(multi_turn),
+        **({"max_tool_calling_iterations": max_turns - 1} if multi_turn else {}),
         "learning_rate": learning_rate,
         "beta": settings.beta,
         "loss_type": settings.loss_type,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from posttrain.envs.base import Env, case_of, reads_records
+from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
 from posttrain.policy.models import Policy, lora_config
 from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
 from posttrain.train.rewards import RuleReward
@@ -30,8 +30,10 @@ def grpo_dataset(env: Env, records: list[dict[str, Any]]) -> Any:
                 "prompt": env.messages_for(record["prompt"]),
                 "prompt_text": record["prompt"],
                 "scenario_id": str(record["scenario_id"]),
-                # ground truth from prompt-file columns, for the reward (JSON: one type)
-                **({"case": json.dumps(case_of(env, record))} if reads_records(env) else {}),
+                # ground truth from prompt-file columns, for the reward, and the episode's
+                # for a multi-turn environment's desk (JSON text: one column type)
+                **({"case": json.dumps(case_of(env, record))}
+                   if reads_records(env) or is_multi_turn(env) else {}),
             }
             for record in records
         ]
@@ -53,9 +55,19 @@ def build_grpo_trainer(
     from trl import GRPOConfig, GRPOTrainer
 
     output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-grpo-")
+    multi_turn = is_multi_turn(env)
+    episode_kwargs: dict[str, Any] = {}
+    if multi_turn:
+        # TRL's own tool loop plays the episodes: the desk class as environment_factory,
+        # tool results masked out of the loss (reference/multiturn-spike.md)
+        from posttrain.policy.tool_turns import enable_tool_turns
+
+        enable_tool_turns(policy.tokenizer, policy.name)
+        episode_kwargs["environment_factory"] = env.trl_environment()  # type: ignore[attr-defined]
     with quiet_transformers_warnings():  # the config itself warns about checkpointing
         config = GRPOConfig(
-            **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device)
+            **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
+                                 max_turns=env.max_turns if multi_turn else None)  # type: ignore[attr-defined]
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
@@ -69,6 +81,7 @@ def build_grpo_trainer(
             processing_class=policy.tokenizer,
             peft_config=lora,
             callbacks=callbacks,
+            **episode_kwargs,
         )
     # our console progress and the run store replace the raw log dicts printed to stdout
     trainer.remove_callback(PrinterCallback)

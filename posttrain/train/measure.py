@@ -107,6 +107,7 @@ def finish_summary(
 ) -> dict[str, Any]:
     """Complete the summary, write the run folder's report files, print the report."""
     from posttrain.runs.report import write_curves_png, write_report_markdown
+    from posttrain.score.episode_stats import episode_stats, format_episode_change
 
     if context is None:
         return summary
@@ -129,12 +130,14 @@ def finish_summary(
         summary["before"] = before.pass_at().to_dict()
         summary["noise"] = noise.to_dict() if noise else None
         summary["by_category_before"] = [g.to_dict() for g in category_table(before.rows)]
+        summary["episodes_before"] = episode_stats(before.rows)
         if after is not None:
             # the same call on the same rows as `posttrain eval --compare` of the run's files
             report = run_verdict(before.rows, after.rows, noise=noise)
             summary["after"] = after.pass_at().to_dict()
             summary["by_category_after"] = [g.to_dict() for g in category_table(after.rows)]
             summary["delta"] = report.to_dict()
+            summary["episodes_after"] = episode_stats(after.rows)
             summary["verdict"] = report.verdict
             summary["ok"] = report.ok
     curves = _history_curves(outcome.history)
@@ -148,6 +151,8 @@ def finish_summary(
     say("")
     if report is not None:
         say(report.format())
+        if summary.get("episodes_before") and summary.get("episodes_after"):
+            say(format_episode_change(summary["episodes_before"], summary["episodes_after"]))
     elif before is not None:
         say(f"no after-evaluation (run {summary['status']}); before: {before.describe()}")
     for alarm in outcome.alarms:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.envs.base import Env, passes
+from posttrain.envs.base import Env, is_multi_turn, passes
+from posttrain.envs.wire import join_turns, render_tool_call
 from posttrain.errors import PosttrainError
 from posttrain.plugins import load_object
 
@@ -35,10 +36,32 @@ def load_reward_function(target: str) -> ScoreFn:
     return function
 
 
-def completion_text(completion: Any) -> str:
-    """The reply text of one TRL completion (conversational or plain string)."""
+def _turn_text(message: dict[str, Any]) -> str:
+    """An assistant message as the text the policy wrote: its content, then its parsed
+    tool calls as ``<tool_call>`` blocks (TRL parses them out of the text)."""
+    parts = [str(message.get("content") or "")]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = {"_unparsed": arguments}
+        parts.append(render_tool_call(str(function.get("name", "")), arguments or {}))
+    return "\n".join(part for part in parts if part)
+
+
+def completion_text(completion: Any, multi_turn: bool = False) -> str:
+    """The reply text of one TRL completion (conversational or plain string). A
+    multi-turn completion (assistant turns and tool results) becomes the policy's turns
+    joined by ``wire.TURN_SEPARATOR``; the tool results are left out (the rule replays
+    the calls)."""
     if isinstance(completion, str):
         return completion
+    if multi_turn and isinstance(completion, list):
+        return join_turns([_turn_text(message) for message in completion
+                           if isinstance(message, dict) and message.get("role") == "assistant"])
     if isinstance(completion, list):
         return "".join(
             str(message.get("content") or "") for message in completion if isinstance(message, dict)
@@ -87,10 +110,11 @@ class RuleReward:
         """TRL's call: one score per completion. ``case`` is the dataset's JSON column of
         ground truth, there when the environment reads prompt-file columns."""
         rows = []
+        multi_turn = is_multi_turn(self.env)
         cases = [json.loads(text) for text in case] if case else [None] * len(completions)
         for completion, prompt, scenario, given in zip(completions, prompt_text, scenario_id,
                                                        cases, strict=True):
-            reply = completion_text(completion)
+            reply = completion_text(completion, multi_turn)
             case_now = given if given is not None else self.env.case_for(prompt)
             score = self.score_reply(reply, case_now)
             rows.append(

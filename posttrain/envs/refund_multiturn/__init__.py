@@ -1,0 +1,116 @@
+"""The multi-turn refund environment (``--env refund-multiturn``).
+
+- ``book``: the deterministic order book and the id a customer without one has;
+- ``desk``: one episode's tools (``Desk``) and the same desk as a TRL environment
+  (``RefundDesk``, for ``GRPOTrainer(environment_factory=...)``);
+- ``rule``: system prompt, categories, the replay and the episode score table;
+- ``prompts``: the prompt writer (refund requests); ``agent``: the scripted agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.envs.refund_multiturn.desk import Desk, RefundDesk
+from posttrain.envs.refund_multiturn.rule import (
+    CATEGORIES,
+    MAX_TURNS,
+    SYSTEM,
+    TOOLS,
+    case_for,
+    category,
+    markers,
+    messages_for,
+    replay,
+    score,
+)
+from posttrain.envs.wire import split_turns
+
+# what the episode score pays for by design (hack_scan names; "-": less of it, "~":
+# either way): a well-formed episode everywhere; the lookup, and the refund where the
+# order is refundable; the reason where it is not (its words vary); asking through
+# ask_customer without an id; short replies off topic
+REWARDED_FEATURES: dict[str, tuple[str, ...]] = {
+    "*": ("marker:well_formed", "-marker:invented_id", "-marker:turn_limit"),
+    "eligible": ("tool:lookup_order", "tool:create_refund", "marker:looked_up",
+                 "marker:refunded", "tool_call", "has_digits"),
+    "ineligible": ("tool:lookup_order", "marker:looked_up", "tool_call", "~tool:create_refund",
+                   "~length", "~has_digits"),
+    "no_id": ("tool:ask_customer", "tool:lookup_order", "~tool:create_refund",
+              "marker:looked_up", "~marker:refunded", "tool_call", "~has_digits", "~length"),
+    "off_topic": ("-length", "-tool_call"),
+}
+
+
+@dataclass(frozen=True)
+class RefundMultiturnEnv:
+    """The refund desk as a multi-turn ``Env`` (see ``posttrain.envs.base``)."""
+
+    name: str = "refund-multiturn"
+    categories: tuple[str, ...] = CATEGORIES
+    tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
+    system: str = SYSTEM
+    max_turns: int = MAX_TURNS
+    rewarded_features: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: dict(REWARDED_FEATURES))
+
+    def messages_for(self, prompt: str) -> list[dict[str, str]]:
+        return messages_for(prompt)
+
+    def case_for(self, prompt: str) -> dict[str, Any]:
+        return case_for(prompt)
+
+    def category(self, case: dict[str, Any]) -> str:
+        return category(case)
+
+    def score(self, reply: str, case: dict[str, Any]) -> float:
+        return score(reply, case)
+
+    def markers(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
+        return markers(reply, case)
+
+    # --- multi-turn hooks (posttrain.envs.base)
+
+    def new_desk(self, case: dict[str, Any]) -> Desk:
+        """A fresh episode: ``call(name, arguments) -> result text`` and ``done``."""
+        return Desk(case=dict(case))
+
+    def episode_summary(self, reply: str, case: dict[str, Any]) -> dict[str, Any]:
+        """Turns, tool calls, failed calls and how the episode ended."""
+        return replay(split_turns(reply), case, self.max_turns).summary()
+
+    def trl_environment(self) -> type:
+        """The class TRL's ``environment_factory`` instantiates (one per rollout)."""
+        return RefundDesk
+
+    # --- optional hooks
+
+    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
+        from posttrain.envs.refund_multiturn.prompts import write_prompts
+
+        return write_prompts(count, seed)
+
+    def scripted_agent(self, seed: int = 0,
+                       behaviour: dict[str, dict[str, float]] | None = None) -> Any:
+        from posttrain.envs.refund_multiturn.agent import ScriptedEpisodeAgent
+
+        return ScriptedEpisodeAgent(seed, behaviour)
+
+    def behaviour_help(self) -> str:
+        from posttrain.envs.refund_multiturn.agent import behaviour_help
+
+        return behaviour_help()
+
+
+REFUND_MULTITURN_ENV = RefundMultiturnEnv()
+
+__all__ = [
+    "CATEGORIES",
+    "MAX_TURNS",
+    "REFUND_MULTITURN_ENV",
+    "REWARDED_FEATURES",
+    "SYSTEM",
+    "TOOLS",
+    "RefundMultiturnEnv",
+]

@@ -1,0 +1,101 @@
+"""The episode runner: plays a multi-turn environment against an agent.
+
+Each episode starts from the environment's messages for a prompt. Every round, the
+agent answers all unfinished episodes at once (one batch); a turn with
+``<tool_call>`` blocks is executed on the episode's desk (``env.new_desk(case)``) and
+each result goes back as a ``role: tool`` message; a plain turn, a broken block, a
+desk that is ``done`` or ``env.max_turns`` turns end the episode. An episode keeps
+its sampling seed for every turn (a scripted agent plays one behaviour throughout;
+a model's draws differ turn to turn because its context does).
+
+A model agent's tokenizer gets a template that renders tool turns first
+(``posttrain.policy.tool_turns``). Turns are re-rendered through the chat template
+each round; TRL's training loop instead appends the tool-result tokens to the
+sampled ids, so a turn whose tokens are not the tokenizer's canonical split of its
+text can read differently here (rare; the text is the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.envs.base import Env
+from posttrain.envs.wire import join_turns, parse_tool_calls
+from posttrain.policy.agents import BatchAgent, Messages
+
+
+@dataclass
+class PlayedEpisode:
+    """One episode: the policy's turns and the conversation after the prompt."""
+
+    turns: list[str] = field(default_factory=list)
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reply(self) -> str:
+        """The turns as one text (``wire.TURN_SEPARATOR``): a graded row's ``reply``."""
+        return join_turns(self.turns)
+
+
+def _prepare(agent: Any) -> None:
+    policy = getattr(agent, "policy_object", None)
+    if policy is not None:
+        from posttrain.policy.tool_turns import enable_tool_turns
+
+        enable_tool_turns(policy.tokenizer, policy.name)
+
+
+def _answer(agent: Any, conversations: list[Messages], seeds: list[int]) -> list[str]:
+    if isinstance(agent, BatchAgent):
+        replies = agent.reply_batch(conversations, seeds)
+    else:
+        replies = [agent(messages) for messages in conversations]
+    for reply in replies:
+        if not isinstance(reply, str):
+            raise TypeError(f"the agent returned {type(reply).__name__}, expected str")
+    return replies
+
+
+def play_episodes(
+    env: Env,
+    starts: Sequence[tuple[Messages, dict[str, Any], int]],
+    agent: Any,
+    *,
+    on_turn: Callable[[int], None] | None = None,
+) -> list[PlayedEpisode]:
+    """Play one episode per ``(messages, case, seed)``; results in the same order.
+    ``on_turn(finished)`` is called after each round with the episodes finished so far."""
+    _prepare(agent)
+    desks = [env.new_desk(case) for _, case, _ in starts]
+    conversations = [list(messages) for messages, _, _ in starts]
+    played = [PlayedEpisode() for _ in starts]
+    active = list(range(len(starts)))
+    max_turns = int(env.max_turns)  # type: ignore[attr-defined]
+    for _round in range(max_turns):
+        if not active:
+            break
+        replies = _answer(agent, [conversations[i] for i in active], [starts[i][2] for i in active])
+        still = []
+        for index, reply in zip(active, replies, strict=True):
+            message = {"role": "assistant", "content": reply}
+            conversations[index].append(message)
+            played[index].turns.append(reply)
+            played[index].transcript.append(message)
+            calls = parse_tool_calls(reply)
+            if not calls:  # plain prose or a broken block: the episode's last turn
+                continue
+            for call in calls:
+                result = desks[index].call(call["name"], call["arguments"])
+                tool_message = {"role": "tool", "name": call["name"], "content": result}
+                conversations[index].append(tool_message)
+                played[index].transcript.append(tool_message)
+                if desks[index].done:
+                    break
+            if not desks[index].done:
+                still.append(index)
+        active = still
+        if on_turn is not None:
+            on_turn(len(starts) - len(active))
+    return played
