@@ -28,7 +28,7 @@ def test_defaults_match_the_seed_knob_table():
     assert (settings.data_seed, settings.seed, settings.eval_seed) == (0, 0, 0)
     assert settings.reward is None
     assert (settings.monitor_every, settings.run_name) == (10, "refund-grpo-v1")
-    assert settings.base_model == "starter"
+    assert settings.base_model is None  # the environment's starter, resolved by the recipe
     assert (settings.eval_samples, settings.eval_repeats) == (4, 2)
     assert not settings.no_scale_rewards and not settings.mask_truncated
     assert (settings.temperature, settings.top_p) == (0.8, 0.95)

@@ -29,7 +29,7 @@ def lookup(order_id: str) -> str:
 
 
 def refund(order_id: str, amount: float) -> str:
-    return render_tool_call("create_refund", {"order_id": order_id, "amount": amount})
+    return render_tool_call("create_refund", {"amount": amount, "order_id": order_id})
 
 
 ASK = render_tool_call("ask_customer", {"question": "What is your order id?"})
@@ -86,6 +86,8 @@ SCORE_TABLE = [
     (R, [lookup(REFUNDED), "This order was already refunded."], 1.0),
     (L, [lookup(LATE), "It was delivered past the 30-day window."], 1.0),
     (T, [lookup(IN_TRANSIT), "Sorry, I cannot refund it."], 0.6),
+    (T, [lookup(IN_TRANSIT), "It is not delivered yet, or already refunded, or past 30 days."],
+     0.6),  # every reason at once is not the reason
     (T, [lookup(IN_TRANSIT), refund(IN_TRANSIT, 39.0), "It is still in transit."], 0.8),
     (T, [lookup(IN_TRANSIT), lookup(IN_TRANSIT), lookup(IN_TRANSIT), lookup(IN_TRANSIT)], 0.3),
     (T, ["It is in transit."], 0.0),
@@ -134,7 +136,10 @@ def test_markers_and_summary():
     case = ENV.case_for(E)
     reply = join_turns([lookup("ORD-1001"), lookup(ELIGIBLE), refund(ELIGIBLE, 60.0)])
     assert ENV.markers(reply, case) == {"well_formed": 1.0, "tool_call": 1.0, "invented_id": 1.0,
-                                        "looked_up": 1.0, "refunded": 1.0, "turn_limit": 0.0}
+                                        "looked_up": 1.0, "refunded": 1.0, "turn_limit": 0.0,
+                                        "reason_given": 0.0}
+    told = join_turns([lookup(IN_TRANSIT), "It is still in transit."])
+    assert ENV.markers(told, ENV.case_for(T))["reason_given"] == 1.0
     assert ENV.episode_summary(reply, case) == {"turns": 3, "tool_calls": 3, "failed_calls": 1,
                                                 "ended": "refund"}
 
@@ -171,7 +176,7 @@ def test_trl_environment_tools_have_schemas():
              for name in ("lookup_order", "create_refund", "ask_customer")]
     assert names == ["lookup_order", "create_refund", "ask_customer"]
     assert "price" in desk.lookup_order(ELIGIBLE)
-    assert json.loads(desk.create_refund(ELIGIBLE, 60.0))["status"] == "refunded"
+    assert json.loads(desk.create_refund(60.0, ELIGIBLE))["status"] == "refunded"
 
 
 def test_prompt_writer_and_scripted_agent():

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="starter",
         metavar="NAME",
         help="which starter model: starter (9.1M parameters, the default), starter-2m (1.6M, "
-        "the one tests use), or NAME@SEED to start from another build seed (e.g. starter@3)",
+        "the one tests use), starter-multiturn (starter-2m taught to play refund-multiturn "
+        "episodes), or NAME@SEED to start from another build seed (e.g. starter@3)",
     )
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
     build.set_defaults(func=run_build)
@@ -44,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Show where a model is cached, its size and, for starter models, the recipe. "
         "Nothing is built or converted.",
     )
-    info.add_argument("name", help="starter, starter-2m, smollm2, a .gguf file or a model folder")
+    info.add_argument("name", help="starter, starter-2m, starter-multiturn, smollm2, a .gguf "
+                      "file or a model folder")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     info.set_defaults(func=run_info)
 

@@ -123,6 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from posttrain.data.prepare import DataConfig, prepare_data
     from posttrain.envs import get_env
+    from posttrain.envs.base import require_single_turn
     from posttrain.progress import progress_bar
     from posttrain.train.pairs import build_preference_pairs, export_preference, sample_pair_rows
 
@@ -135,6 +136,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.constructed_share < 0:
         raise PosttrainError(f"--constructed-share must be >= 0, got {args.constructed_share}")
     env = get_env(args.env)
+    require_single_turn(env, "posttrain pairs")
     data = prepare_data(
         DataConfig(
             prompts=args.prompts,
@@ -180,9 +182,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_stats(args: argparse.Namespace) -> int:
     from posttrain.envs import get_env
+    from posttrain.envs.base import require_single_turn
     from posttrain.train.pairs import load_pairs, summarize_pairs, user_text
 
     env = get_env(args.env)
+    require_single_turn(env, "posttrain pairs")
     pairs, skipped = load_pairs(args.file, skip_invalid=args.skip_invalid)
     report = summarize_pairs(pairs, source=args.file)
     report.skipped_lines = len(skipped)

@@ -106,6 +106,16 @@ def is_multi_turn(env: Env) -> bool:
         getattr(env, "max_turns", None), int)
 
 
+def require_single_turn(env: Env, what: str) -> None:
+    """Stop ``what`` (a command that trains or scores single replies) on a multi-turn
+    environment, saying what to use instead."""
+    if is_multi_turn(env):
+        raise PosttrainError(
+            f"{what} works on single replies and environment {getattr(env, 'name', env)!r} "
+            "plays multi-turn episodes: train it with `posttrain grpo`, measure it with "
+            "`posttrain eval`")
+
+
 #: JSON types a ``record_fields`` entry may name, and the Python values that match each
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "number": (int, float), "integer": (int,), "boolean": (bool,),

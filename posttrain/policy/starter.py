@@ -186,24 +186,34 @@ RECIPES: dict[str, StarterRecipe] = {
 _SEEDED_NAME = re.compile(r"^(?P<base>[a-z0-9-]+)@(?P<seed>[0-9]{1,6})$")
 
 
+def _all_recipes() -> dict[str, Any]:
+    """The starters built from scratch and those continued on an environment's episodes
+    (``posttrain.policy.starter_episodes``)."""
+    from posttrain.policy.starter_episodes import EPISODE_RECIPES
+
+    return {**RECIPES, **EPISODE_RECIPES}
+
+
 def is_starter_name(name: str) -> bool:
-    """True for ``starter``, ``starter-2m`` and their ``NAME@SEED`` forms."""
+    """True for ``starter``, ``starter-2m``, ``starter-multiturn`` and their ``NAME@SEED``
+    forms."""
     match = _SEEDED_NAME.match(name)
-    return (match["base"] if match else name) in RECIPES
+    return (match["base"] if match else name) in _all_recipes()
 
 
-def recipe_for(name: str) -> StarterRecipe:
+def recipe_for(name: str) -> Any:
     """The recipe of a starter name (``NAME@SEED``: from build seed SEED); PosttrainError
     naming the choices otherwise."""
     match = _SEEDED_NAME.match(name)
     base = match["base"] if match else name
-    if base not in RECIPES:
-        choices = ", ".join(sorted(RECIPES))
+    recipes = _all_recipes()
+    if base not in recipes:
+        choices = ", ".join(sorted(recipes))
         raise PosttrainError(
             f"unknown starter model {name!r}; choose one of {choices} (or NAME@SEED for "
             "another build seed, e.g. starter@3)"
         )
-    recipe = RECIPES[base]
+    recipe = recipes[base]
     return replace(recipe, seed=int(match["seed"])) if match else recipe
 
 
@@ -502,14 +512,18 @@ def _build_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build(recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool) -> Path:
+def _build(recipe: Any, folder: Path, force: bool, show_progress: bool) -> Path:
     import torch
+
+    from posttrain.policy.starter_episodes import EpisodeStarterRecipe, build_episode_starter
 
     # A fixed thread count: on one machine the weights then do not depend on its
     # core count (a different split of a sum rounds differently).
     threads = torch.get_num_threads()
     torch.set_num_threads(BUILD_THREADS)
     try:
+        if isinstance(recipe, EpisodeStarterRecipe):
+            return build_episode_starter(recipe, folder, force, show_progress)
         return _build_on_fixed_threads(recipe, folder, force, show_progress)
     finally:
         torch.set_num_threads(threads)
@@ -636,14 +650,15 @@ def _build_on_fixed_threads(
 
 
 def _save_atomically(
-    folder: Path, model: Any, tokenizer: Any, recipe: StarterRecipe, build: dict, force: bool
+    folder: Path, model: Any, tokenizer: Any, recipe: Any, build: dict, force: bool,
+    code_version: int = STARTER_CODE_VERSION,
 ) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.parent / f".{folder.name}.building-{time.time_ns()}"
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        recipe_json = {"recipe": asdict(recipe), "code_version": STARTER_CODE_VERSION}
+        recipe_json = {"recipe": asdict(recipe), "code_version": code_version}
         (staging / "recipe.json").write_text(json.dumps(recipe_json, indent=2) + "\n")
         (staging / "build.json").write_text(json.dumps(build, indent=2) + "\n")
         if force and folder.exists():

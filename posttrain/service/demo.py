@@ -117,6 +117,9 @@ def _evaluate(env: Env, client: ServiceClient, run: Run, version: int,
 
 def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the demo; returns the summary (cycles, pass@1 before/after, delta)."""
+    from posttrain.envs.base import require_single_turn
+
+    require_single_turn(get_env(settings.env), "the primitives demo")  # before a server starts
     started = time.monotonic()
     server = None
     if settings.url is None:

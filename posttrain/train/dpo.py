@@ -225,6 +225,10 @@ def check_dpo_settings(settings: DPOSettings) -> None:
 
     Raises ``PosttrainError`` (``InputFileError`` for a bad pairs line, naming it).
     """
+    from posttrain.envs import get_env
+    from posttrain.envs.base import require_single_turn
+
+    require_single_turn(get_env(settings.env), "posttrain dpo")
     if settings.loss_type not in DPO_LOSS_TYPES:
         raise PosttrainError(
             f"--loss-type {settings.loss_type!r} is not a DPO loss this TRL accepts; "

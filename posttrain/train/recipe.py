@@ -34,6 +34,9 @@ from posttrain.score.audit import RewardAudit, reward_audit
 from posttrain.train.rewards import RuleReward, load_reward_function
 from posttrain.train.settings import RecipeSettings, check_recipe_settings
 
+#: the base model of a recipe whose environment names no starter of its own
+DEFAULT_STARTER = "starter"
+
 
 @dataclass
 class TrainOutcome:
@@ -118,6 +121,8 @@ def run_recipe(
     check_recipe_settings(settings)
     check(settings)
     env = get_env(settings.env)
+    if settings.base_model is None:  # the environment's own starter, else the starter
+        settings.base_model = getattr(env, "starter_model", None) or DEFAULT_STARTER
     custom_reward = getattr(settings, "reward", None)
     reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
     data = prepare_data(settings.data_config(), env)

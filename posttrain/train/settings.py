@@ -60,11 +60,12 @@ def trainer_runtime_kwargs(on_gpu: bool) -> dict[str, Any]:
 class RecipeSettings:
     """What every recipe shares. Fields with ``help`` become command-line flags."""
 
-    base_model: str = field(
-        default="starter",
+    base_model: str | None = field(
+        default=None,
         metadata={
-            "help": "policy to train: starter, starter-2m, smollm2, a hub id, a local folder "
-            "or a .gguf file"
+            "help": "policy to train: starter, starter-2m, starter-multiturn, smollm2, a hub "
+            "id, a local folder or a .gguf file (default: the environment's starter: "
+            "starter, or starter-multiturn for refund-multiturn)"
         },
     )
     learning_rate: float | None = field(

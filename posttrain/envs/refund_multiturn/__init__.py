@@ -29,16 +29,18 @@ from posttrain.envs.wire import split_turns
 
 # what the episode score pays for by design (hack_scan names; "-": less of it, "~":
 # either way): a well-formed episode everywhere; the lookup, and the refund where the
-# order is refundable; the reason where it is not (its words vary); asking through
+# order is refundable; the reason where it is not (the marker stands for the words
+# that say it, which the scan then reads net of it); asking through
 # ask_customer without an id; short replies off topic
 REWARDED_FEATURES: dict[str, tuple[str, ...]] = {
     "*": ("marker:well_formed", "-marker:invented_id", "-marker:turn_limit"),
     "eligible": ("tool:lookup_order", "tool:create_refund", "marker:looked_up",
                  "marker:refunded", "tool_call", "has_digits"),
-    "ineligible": ("tool:lookup_order", "marker:looked_up", "tool_call", "~tool:create_refund",
-                   "~length", "~has_digits"),
+    "ineligible": ("tool:lookup_order", "marker:looked_up", "marker:reason_given", "tool_call",
+                   "~tool:create_refund", "~length", "~has_digits"),
     "no_id": ("tool:ask_customer", "tool:lookup_order", "~tool:create_refund",
-              "marker:looked_up", "~marker:refunded", "tool_call", "~has_digits", "~length"),
+              "marker:looked_up", "~marker:refunded", "~marker:reason_given", "tool_call",
+              "~has_digits", "~length"),
     "off_topic": ("-length", "-tool_call"),
 }
 
@@ -52,6 +54,8 @@ class RefundMultiturnEnv:
     tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
     system: str = SYSTEM
     max_turns: int = MAX_TURNS
+    #: the base model recipes use for this environment when --base-model is not given
+    starter_model: str = "starter-multiturn"
     rewarded_features: dict[str, tuple[str, ...]] = field(
         default_factory=lambda: dict(REWARDED_FEATURES))
 
@@ -101,6 +105,12 @@ class RefundMultiturnEnv:
         from posttrain.envs.refund_multiturn.agent import behaviour_help
 
         return behaviour_help()
+
+    def starter_dialogue(self, prompt: str, right: bool, rng: Any) -> tuple[str, str, list]:
+        """One warm-start episode for the starter build (``starter_data``)."""
+        from posttrain.envs.refund_multiturn.starter_data import starter_dialogue
+
+        return starter_dialogue(prompt, right, rng)
 
 
 REFUND_MULTITURN_ENV = RefundMultiturnEnv()

@@ -69,12 +69,12 @@ def _next_turn(move: str, case: dict[str, Any], messages: Messages) -> str:
         order_id = answer.removeprefix("It's ").rstrip(".")
     record = next((r for r in results if "price" in r), None)
     if move == "refund_first" and not any("error" in r for r in results):
-        return render_tool_call("create_refund", {"order_id": order_id, "amount": 20})
+        return render_tool_call("create_refund", {"amount": 20, "order_id": order_id})
     if record is None:
         return render_tool_call("lookup_order", {"order_id": order_id})
     if record["refundable"]:
         amount = record["price"] if move != "wrong_amount" else round(record["price"] / 2, 2)
-        return render_tool_call("create_refund", {"order_id": order_id, "amount": amount})
+        return render_tool_call("create_refund", {"amount": amount, "order_id": order_id})
     if move == "no_reason":
         return "I am sorry, I cannot refund this order."
     return f"I am sorry, I cannot refund {order_id}: it is {record['reason']}."

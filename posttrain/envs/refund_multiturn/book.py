@@ -14,7 +14,7 @@ their message, again by SHA-256); they tell it when the policy asks through
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 #: refunds are allowed up to this many days after delivery
 REFUND_WINDOW_DAYS = 30
@@ -55,8 +55,15 @@ class Order:
         return None
 
     def record(self) -> dict[str, object]:
-        """The lookup result: the order's fields plus ``refundable`` and ``reason``."""
-        return {**asdict(self), "refundable": self.refundable, "reason": self.reason}
+        """The lookup result: the order's fields plus ``reason`` and ``refundable``.
+
+        What decides the next move comes last (whether it may be refunded, then the
+        price to refund), right before the policy's turn: a small model finds a token
+        at a fixed distance back more easily than a field anywhere in the result (every
+        price is three tokens long for the starter: ``24`` ``.`` ``5``)."""
+        return {"order_id": self.order_id, "item": self.item, "status": self.status,
+                "days_since_delivery": self.days_since_delivery, "reason": self.reason,
+                "refundable": self.refundable, "price": self.price}
 
 
 def _digest(*parts: str) -> bytes:

@@ -25,7 +25,7 @@ from posttrain.envs.refund_multiturn.book import order_for
 TOOL_NAMES = ("lookup_order", "create_refund", "ask_customer")
 _ARGUMENTS = {
     "lookup_order": ("order_id",),
-    "create_refund": ("order_id", "amount"),
+    "create_refund": ("amount", "order_id"),
     "ask_customer": ("question",),
 }
 
@@ -166,12 +166,12 @@ class RefundDesk:
         """
         return self.desk.call("lookup_order", {"order_id": order_id})
 
-    def create_refund(self, order_id: str, amount: float) -> str:
+    def create_refund(self, amount: float, order_id: str) -> str:
         """Refund an amount on an order that was looked up first; ends the conversation.
 
         Args:
-            order_id: The order id.
             amount: Amount to refund, at most the order total.
+            order_id: The order id.
         """
         return self.desk.call("create_refund", {"order_id": order_id, "amount": amount})
 

@@ -22,6 +22,7 @@ in the prompt, or told through ``ask_customer``.
 | eligible        | looked it up, refunded another amount                          | 0.6   |
 | eligible        | looked it up, no refund (a plain reply, or the turn limit)     | 0.3   |
 | ineligible      | looked it up, no refund, a final reply that gives the reason   | 1.0   |
+|                 | (its own reason and no other)                                  |       |
 | ineligible      | looked it up, final reply without the reason                   | 0.6   |
 | ineligible      | looked it up, then the turn limit                              | 0.3   |
 | eligible/inel.  | never looked the order up                                      | 0.0   |
@@ -41,7 +42,6 @@ Scores are clamped to [0, 1] and rounded to 3 places. Turns after the episode en
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,9 +73,11 @@ def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, 
 TOOLS: list[dict[str, Any]] = [
     _tool("lookup_order", "Fetch an order by id: item, price, status, refundable, reason.",
           {"order_id": {"type": "string", "description": "The order id, e.g. ORD-4821."}}),
+    # the amount first: written right after the lookup result, it sits at a fixed
+    # distance from the price there (book.Order.record)
     _tool("create_refund", "Refund an order that was looked up first; ends the conversation.",
-          {"order_id": {"type": "string", "description": "The order id."},
-           "amount": {"type": "number", "description": "Amount, at most the order total."}}),
+          {"amount": {"type": "number", "description": "Amount, at most the order total."},
+           "order_id": {"type": "string", "description": "The order id."}}),
     _tool("ask_customer", "Ask the customer something (their order id) and read the answer.",
           {"question": {"type": "string", "description": "What to ask."}}),
 ]
@@ -90,10 +92,14 @@ POLICY = (
     "If the request is not about an order or a refund, say so briefly."
 )
 
+# the tools as one signature line each (the full schemas are ``TOOLS``): the prompt is
+# part of every training sequence, and the starter reads signatures as well as schemas
 SYSTEM = (
     POLICY
     + "\n\nTools:\n"
-    + "\n".join(json.dumps(tool["function"], separators=(",", ":")) for tool in TOOLS)
+    + "\n".join(
+        f"{tool['function']['name']}({', '.join(tool['function']['parameters']['properties'])})"
+        for tool in TOOLS)
     + "\n\n"
     + WIRE_FORMAT
 )
@@ -182,10 +188,13 @@ def replay(turns: list[str], case: dict[str, Any], max_turns: int = MAX_TURNS) -
 
 
 def _gives_reason(reply: str, reason: str | None) -> bool:
+    """The reply names the order's reason and no other (a reply that lists every
+    reason would otherwise pass on any ineligible order)."""
     if not reason:
         return False
-    key = next((name for name in _REASON_WORDS if reason.startswith(name)), "window")
-    return _REASON_WORDS[key].search(reply) is not None
+    own = next((name for name in _REASON_WORDS if reason.startswith(name)), "window")
+    named = {name for name, words in _REASON_WORDS.items() if words.search(reply)}
+    return named == {own}
 
 
 def score_episode(episode: Episode, case: dict[str, Any]) -> float:
@@ -227,8 +236,11 @@ def score(reply: str, case: dict[str, Any]) -> float:
 
 def markers(reply: str, case: dict[str, Any]) -> dict[str, float]:
     """0/1 side measurements of an episode: ``well_formed`` (no broken block, the
-    guard), ``tool_call``, ``invented_id``, ``looked_up``, ``refunded``, ``turn_limit``."""
+    guard), ``tool_call``, ``invented_id``, ``looked_up``, ``refunded``, ``turn_limit``,
+    ``reason_given`` (the final reply names the order's own reason for no refund)."""
     episode = replay(split_turns(reply), case)
+    own = episode.desk.own_id
+    reason = order_for(own).reason if own and episode.desk.looked_up else None
     return {
         "well_formed": 0.0 if episode.broken else 1.0,
         "tool_call": 1.0 if episode.tool_calls else 0.0,
@@ -236,6 +248,8 @@ def markers(reply: str, case: dict[str, Any]) -> dict[str, float]:
         "looked_up": 1.0 if episode.desk.looked_up else 0.0,
         "refunded": 1.0 if episode.desk.refund is not None else 0.0,
         "turn_limit": 1.0 if episode.ended == "turn_limit" else 0.0,
+        "reason_given": 1.0 if episode.ended == "reply" and _gives_reason(
+            episode.final_reply, reason) else 0.0,
     }
 
 

@@ -1,0 +1,292 @@
+"""Starters for multi-turn environments: a built starter, taught to play episodes.
+
+``starter-multiturn`` is ``starter-2m`` continued on episodes of ``refund-multiturn``:
+its tokenizer, its weights and its order-id copy circuit (rebuilt from the base
+recipe and build seed, held and enforced exactly as in the base build), then a
+supervised warm start on whole episodes from the environment's ``starter_dialogue``
+hook: the loss covers the policy's turns (each ending in ``<|im_end|>``) and not the
+tool results, which are laid out as TRL's tool loop lays them out (the tool-turn
+template of ``posttrain.policy.tool_turns``). As in the base build, a phase of
+right moves comes first, then the environment's behaviour mix, so the starter is a
+partial policy with choices for GRPO to compare. The build is probed on the
+environment's own prompts and held against per-category pass-rate ranges; a build
+outside them is retried from the next build seed.
+
+Continuing the 1.6M model rather than training a new one: it copies order ids from
+the first step (the circuit), and a step over episodes costs about 1 s on 2 cores
+where the 9.1M model takes about 4 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.policy.starter_gate import CategoryRange
+from posttrain.progress import progress_bar
+
+# Bump when a change to this module changes what a recipe builds.
+EPISODE_CODE_VERSION = 1
+PROBE_SEED = 4049
+PROBE_PROMPTS = 100
+PROBE_SAMPLES = 2
+TOOL_RESULT_OPEN = "\n<|im_start|>user\n<tool_response>\n"
+TOOL_RESULT_CLOSE = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class EpisodeStarterRecipe:
+    """Everything a multi-turn starter build depends on; its hash is the cache key."""
+
+    name: str
+    base: str  # the starter it continues
+    env: str  # the environment whose starter_dialogue hook writes the episodes
+    seed: int = 0  # build seed (draws and shuffles); the gate tries seed + 1 ... after it
+    data_seed: int = 7919
+    corpus_situations: int = 4000
+    skill_steps: int = 300
+    mix_steps: int = 200
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    warmup_steps: int = 10
+    max_grad_norm: float = 1.0
+    pass_rates: tuple[CategoryRange, ...] = ()
+    build_attempts: int = 3
+
+    @property
+    def total_steps(self) -> int:
+        return self.skill_steps + self.mix_steps
+
+    def key(self) -> str:
+        """12 hex digits of SHA-256 over the recipe, the base's key and the code version."""
+        from posttrain.policy.starter import recipe_for
+
+        content = {"recipe": asdict(self), "base_key": recipe_for(self.base).key(),
+                   "code_version": EPISODE_CODE_VERSION}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+
+
+EPISODE_RECIPES: dict[str, EpisodeStarterRecipe] = {
+    "starter-multiturn": EpisodeStarterRecipe(
+        name="starter-multiturn",
+        base="starter-2m",
+        env="refund-multiturn",
+        pass_rates=(
+            CategoryRange("eligible", 0.02, 0.60),
+            CategoryRange("ineligible", 0.20, 0.85),
+            CategoryRange("no_id", 0.10, 0.70),
+            CategoryRange("off_topic", 0.60, 1.00),
+        ),
+    ),
+}
+
+
+def encode_episode(tokenizer: Any, messages: list[dict[str, Any]], turns: list[dict[str, Any]]
+                   ) -> tuple[list[int], list[int]]:
+    """(token ids, labels) of a prompt and its episode: labels on the policy's turns
+    and their ``<|im_end|>``, -100 on the prompt and the tool results."""
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=True, return_dict=False))
+    labels = [-100] * len(ids)
+    for message in turns:
+        if message["role"] == "assistant":
+            part = [*tokenizer.encode(message["content"], add_special_tokens=False), eos_id]
+            labels += part
+        else:
+            part = tokenizer.encode(TOOL_RESULT_OPEN + message["content"] + TOOL_RESULT_CLOSE,
+                                    add_special_tokens=False)
+            labels += [-100] * len(part)
+        ids += part
+    return ids, labels
+
+
+def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (ids, row_labels) in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, : len(ids)] = torch.tensor(row_labels)
+        attention[row, : len(ids)] = 1
+    return input_ids, labels, attention
+
+
+def _learning_rate(step: int, recipe: EpisodeStarterRecipe) -> float:
+    import math
+
+    if step < recipe.warmup_steps:
+        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
+    progress = (step - recipe.warmup_steps) / max(1, recipe.total_steps - recipe.warmup_steps)
+    return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _load_base(recipe: EpisodeStarterRecipe, show_progress: bool) -> tuple[Any, Any, Any]:
+    """The base starter's tokenizer (with the tool-turn template), weights and circuit."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from posttrain.policy.starter import build_starter, new_model, recipe_for
+    from posttrain.policy.tool_turns import enable_tool_turns
+
+    base_recipe = recipe_for(recipe.base)
+    folder = build_starter(recipe.base, show_progress=show_progress)
+    build = json.loads((folder / "build.json").read_text())
+    tokenizer = enable_tool_turns(AutoTokenizer.from_pretrained(folder), recipe.base)
+    circuit = None
+    if base_recipe.copy_circuit:  # the same seed and tokenizer wire the same circuit
+        _, circuit = new_model(
+            tokenizer, base_recipe.architecture, int(build["build_seed"]), True,
+            match=base_recipe.circuit_match, copy=base_recipe.circuit_copy,
+            digit_norm=base_recipe.circuit_digit_norm)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(folder), circuit
+
+
+def train_episodes(model: Any, tokenizer: Any, circuit: Any, recipe: EpisodeStarterRecipe,
+                   seed: int, on_step: Any = None) -> tuple[list[float], dict[str, int]]:
+    """The warm start on episodes (module docstring); returns losses and move counts."""
+    import torch
+
+    from posttrain.envs import get_env
+
+    env = get_env(recipe.env)
+    dialogue = env.starter_dialogue  # type: ignore[attr-defined]
+    prompts = [record["prompt"] for record in
+               env.write_prompts(recipe.corpus_situations, recipe.data_seed)]  # type: ignore[attr-defined]
+    order_rng, draw_rng = random.Random(seed), random.Random(seed + 2)
+    hooks = circuit.freeze_attention(model) if circuit is not None else []
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate,
+                                  betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    queue: list[int] = []
+    losses: list[float] = []
+    moves: dict[str, int] = {}
+    for step in range(recipe.total_steps):
+        if len(queue) < recipe.batch_size:
+            epoch = list(range(len(prompts)))
+            order_rng.shuffle(epoch)
+            queue.extend(epoch)
+        picked = queue[: recipe.batch_size]
+        del queue[: recipe.batch_size]
+        batch = []
+        for index in picked:
+            prompt, move, turns = dialogue(prompts[index], step < recipe.skill_steps, draw_rng)
+            moves[move] = moves.get(move, 0) + 1
+            batch.append(encode_episode(tokenizer, env.messages_for(prompt), turns))
+        input_ids, labels, attention = _collate(batch, tokenizer.pad_token_id)
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(step, recipe)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+        optimizer.step()
+        if circuit is not None:
+            circuit.enforce(model)
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step + 1)
+    for hook in hooks:
+        hook.remove()
+    model.eval()
+    return losses, dict(sorted(moves.items()))
+
+
+@dataclass
+class EpisodeProbe:
+    """Pass rate per category of the environment's probe prompts."""
+
+    pass_rate: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} {rate:.2f}" for name, rate in self.pass_rate.items())
+
+
+def probe_episodes(model: Any, tokenizer: Any, recipe: EpisodeStarterRecipe) -> EpisodeProbe:
+    """Sampled pass rate per category on ``PROBE_PROMPTS`` prompts of the environment's
+    writer (seed ``PROBE_SEED``, which no recipe trains or evaluates on by default)."""
+    from posttrain.envs import get_env
+    from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
+    from posttrain.policy.models import Policy
+    from posttrain.policy.sampler import SamplingParams
+    from posttrain.score.rows import grade
+
+    env = get_env(recipe.env)
+    policy = Policy(model=model, tokenizer=tokenizer, name=recipe.name, device="cpu",
+                    dtype="float32")
+    agent = ModelAgent(policy, SamplingParams(temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P,
+                                              max_new_tokens=64))
+    records = env.write_prompts(PROBE_PROMPTS, PROBE_SEED)  # type: ignore[attr-defined]
+    rows = grade(env, records, agent, PROBE_SAMPLES, seed=PROBE_SEED)
+    rates = {}
+    for name in env.categories:
+        group = [row for row in rows if row["category"] == name]
+        if group:
+            rates[name] = round(sum(row["reward"] for row in group) / len(group), 4)
+    return EpisodeProbe(rates)
+
+
+def spec_failures(recipe: EpisodeStarterRecipe, probe: EpisodeProbe) -> list[str]:
+    reasons = []
+    for bounds in recipe.pass_rates:
+        rate = probe.pass_rate.get(bounds.category)
+        if rate is None:
+            reasons.append(f"no {bounds.category} prompts in the probe")
+        elif not bounds.low <= rate <= bounds.high:
+            reasons.append(f"{bounds.category} pass rate {rate:.2f} outside "
+                           f"[{bounds.low:.2f}, {bounds.high:.2f}]")
+    return reasons
+
+
+def _distance(recipe: EpisodeStarterRecipe, probe: EpisodeProbe) -> float:
+    return sum(max(0.0, b.low - probe.pass_rate.get(b.category, 0.0))
+               + max(0.0, probe.pass_rate.get(b.category, 0.0) - b.high)
+               for b in recipe.pass_rates)
+
+
+def build_episode_starter(recipe: EpisodeStarterRecipe, folder: Path, force: bool,
+                          show_progress: bool) -> Path:
+    """Build ``recipe`` into ``folder`` (atomically), gate included (module docstring)."""
+    from posttrain.policy.starter import _save_atomically
+
+    started = time.monotonic()
+    attempts, chosen = [], None
+    for number in range(recipe.build_attempts):
+        seed = recipe.seed + number
+        tokenizer, model, circuit = _load_base(recipe, show_progress)
+        label = f"building {recipe.name} (build seed {seed})"
+        with progress_bar(label, recipe.total_steps, enabled=show_progress) as bar:
+            losses, moves = train_episodes(model, tokenizer, circuit, recipe, seed, bar)
+        probe = probe_episodes(model, tokenizer, recipe)
+        failures = spec_failures(recipe, probe)
+        attempts.append({"seed": seed, "probe": probe.pass_rate, "failures": failures,
+                         "final_loss": sum(losses[-10:]) / len(losses[-10:])})
+        if chosen is None or _distance(recipe, probe) < _distance(recipe, chosen[2]):
+            chosen = (seed, model, probe, tokenizer, moves)
+        if not failures:
+            print(f"{recipe.name}: build seed {seed} meets the spec ({probe.describe()})",
+                  file=sys.stderr, flush=True)
+            break
+        print(f"{recipe.name}: build seed {seed} is outside the spec ({'; '.join(failures)})",
+              file=sys.stderr, flush=True)
+    assert chosen is not None
+    seed, model, probe, tokenizer, moves = chosen
+    gate = "passed" if not spec_failures(recipe, probe) else "failed"
+    build = {
+        "name": recipe.name, "key": recipe.key(), "base": recipe.base, "env": recipe.env,
+        "code_version": EPISODE_CODE_VERSION, "gate": gate, "build_seed": seed,
+        "probe": {"pass_rate": probe.pass_rate}, "attempts": attempts,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "behaviour_counts": moves, "seconds": round(time.monotonic() - started, 1),
+    }
+    _save_atomically(folder, model, tokenizer, recipe, build, force,
+                     code_version=EPISODE_CODE_VERSION)
+    return folder
