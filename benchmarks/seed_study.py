@@ -10,6 +10,7 @@ raised and its wall time.
 
     .venv/bin/python benchmarks/seed_study.py --recipe grpo --builds 0,1,2 --seeds 0-4
     .venv/bin/python benchmarks/seed_study.py --recipe dpo --builds 0,1,2 --seeds 0-2 --write
+    .venv/bin/python benchmarks/seed_study.py --env refund-multiturn --builds 0,1 --seeds 0-2
 
 Runs go to a scratch folder; the builds to the models folder ($POSTTRAIN_MODELS).
 """
@@ -33,11 +34,15 @@ from results_md import cpu_description, write_section
 from starter_builds import seeds_from
 
 
-def run_one(recipe: str, build: int, seed: int, runs_dir: str) -> dict[str, Any]:
-    """One default run of ``recipe`` on ``starter@build`` with training seed ``seed``."""
+def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refund"
+            ) -> dict[str, Any]:
+    """One default run of ``recipe`` on the environment's starter from build seed
+    ``build`` (``starter@build`` for refund) with training seed ``seed``."""
+    from posttrain.envs import get_env
     from posttrain.policy.starter import build_starter
 
-    name = f"starter@{build}"
+    starter = getattr(get_env(env), "starter_model", None) or "starter"
+    name = f"{starter}@{build}"
     folder = build_starter(name, show_progress=False)
     build_record = json.loads((folder / "build.json").read_text())
     if recipe == "grpo":
@@ -47,14 +52,15 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str) -> dict[str, Any]
         from posttrain.train.dpo import DPOSettings as Settings
         from posttrain.train.dpo import run_dpo as run
     settings = Settings(run_name=f"{recipe}-b{build}-s{seed}", runs_dir=runs_dir,
-                        base_model=name, seed=seed)
+                        base_model=name, seed=seed, env=env)
     quiet = io.StringIO()
     started = time.monotonic()
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
         summary = run(settings, say=lambda line: None)
     delta = summary.get("delta") or {}
     return {
-        "build": build, "build_seed": build_record.get("build_seed"), "seed": seed,
+        "starter": starter, "build": build, "build_seed": build_record.get("build_seed"),
+        "seed": seed,
         "before": summary.get("before", {}).get("pass_at_1"),
         "after": summary.get("after", {}).get("pass_at_1"),
         "delta": delta.get("delta"), "ci95": delta.get("ci95"),
@@ -64,13 +70,16 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str) -> dict[str, Any]
     }
 
 
-def markdown(recipe: str, rows: list[dict[str, Any]], command: str) -> str:
+def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "refund") -> str:
     title = f"Seed study: `posttrain {recipe}` defaults across builds and training seeds"
+    if env != "refund":
+        title = (f"Seed study: `posttrain {recipe} --env {env}` defaults across builds and "
+                 "training seeds")
     lines = [
         f"## {title}",
         "",
         f"Command: `{command}`. Machine: {cpu_description()}, no "
-        "GPU. Every run: the recipe's defaults, `--base-model starter@B --seed S`; data "
+        "GPU. Every run: the recipe's defaults, `--base-model STARTER@B --seed S`; data "
         "seed 0, so the runs of one build share their holdout and base evaluation.",
         "",
         "| build (seed kept) | training seed | pass@1 before -> after | delta [95%] | "
@@ -82,7 +91,7 @@ def markdown(recipe: str, rows: list[dict[str, Any]], command: str) -> str:
         interval = "–" if ci[0] is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
         band = "–" if row["band"] is None else f"±{row['band']:.2f}"
         lines.append(
-            f"| starter@{row['build']} ({row['build_seed']}) | {row['seed']} | "
+            f"| {row['starter']}@{row['build']} ({row['build_seed']}) | {row['seed']} | "
             f"{row['before']:.2f} -> {row['after']:.2f} | {row['delta']:+.2f} {interval} | "
             f"{band} | {row['verdict']} | {', '.join(row['alarms']) or 'none'} | "
             f"{row['seconds']:.0f} |")
@@ -99,18 +108,21 @@ def main() -> int:
     parser.add_argument("--recipe", choices=("grpo", "dpo"), default="grpo")
     parser.add_argument("--builds", default="0,1,2", help="starter build seeds")
     parser.add_argument("--seeds", default="0-4", help="training seeds: 0-4 or 0,2")
+    parser.add_argument("--env", default="refund",
+                        help="environment (its starter_model is the base, e.g. "
+                        "refund-multiturn -> starter-multiturn)")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     rows = []
     command = (f"python benchmarks/seed_study.py --recipe {args.recipe} --builds {args.builds} "
-               f"--seeds {args.seeds}")
+               f"--seeds {args.seeds}" + (f" --env {args.env}" if args.env != "refund" else ""))
     with tempfile.TemporaryDirectory(prefix="posttrain-seed-study-") as runs_dir:
         for build in seeds_from(args.builds):
             for seed in seeds_from(args.seeds):
-                row = run_one(args.recipe, build, seed, runs_dir)
+                row = run_one(args.recipe, build, seed, runs_dir, args.env)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-                section, title = markdown(args.recipe, rows, command)
+                section, title = markdown(args.recipe, rows, command, args.env)
                 if args.write:  # a row at a time: a long study keeps what it measured
                     write_section(title, section)
     print(section)

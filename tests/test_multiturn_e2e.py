@@ -90,12 +90,13 @@ def test_an_episode_starter_builds_and_plays(starter_2m_folder, models_folder):
     from posttrain.score.rows import grade
 
     tiny = replace(recipe_for("starter-multiturn"), name="starter-multiturn-tiny",
-                   skill_steps=3, mix_steps=3, corpus_situations=40, build_attempts=1)
+                   skill_steps=3, mix_steps=3, corpus_situations=40, build_attempts=1,
+                   probe_prompts=30)
     folder = build_starter(recipe=tiny, show_progress=False)
     build = json.loads((folder / "build.json").read_text())
     assert build["base"] == "starter-2m" and build["env"] == "refund-multiturn"
-    assert build["gate"] in ("passed", "failed") and set(build["probe"]["pass_rate"]) == set(
-        ENV.categories)
+    assert build["gate"] in ("passed", "failed")
+    assert set(build["probe"]["pass_rate"]) <= set(ENV.categories)
     assert sum(build["behaviour_counts"].values()) == 6 * tiny.batch_size
     policy = load_policy(str(folder), show_progress=False)
     assert renders_tool_turns(policy.tokenizer)

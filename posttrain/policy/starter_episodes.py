@@ -34,7 +34,6 @@ from posttrain.progress import progress_bar
 # Bump when a change to this module changes what a recipe builds.
 EPISODE_CODE_VERSION = 1
 PROBE_SEED = 4049
-PROBE_PROMPTS = 100
 PROBE_SAMPLES = 2
 TOOL_RESULT_OPEN = "\n<|im_start|>user\n<tool_response>\n"
 TOOL_RESULT_CLOSE = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -57,6 +56,7 @@ class EpisodeStarterRecipe:
     warmup_steps: int = 10
     max_grad_norm: float = 1.0
     pass_rates: tuple[CategoryRange, ...] = ()
+    probe_prompts: int = 100  # prompts of the environment's writer the gate samples
     build_attempts: int = 3
 
     @property
@@ -211,8 +211,9 @@ class EpisodeProbe:
 
 
 def probe_episodes(model: Any, tokenizer: Any, recipe: EpisodeStarterRecipe) -> EpisodeProbe:
-    """Sampled pass rate per category on ``PROBE_PROMPTS`` prompts of the environment's
-    writer (seed ``PROBE_SEED``, which no recipe trains or evaluates on by default)."""
+    """Sampled pass rate per category on ``recipe.probe_prompts`` prompts of the
+    environment's writer (seed ``PROBE_SEED``, which no recipe trains or evaluates on by
+    default)."""
     from posttrain.envs import get_env
     from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
     from posttrain.policy.models import Policy
@@ -224,7 +225,7 @@ def probe_episodes(model: Any, tokenizer: Any, recipe: EpisodeStarterRecipe) -> 
                     dtype="float32")
     agent = ModelAgent(policy, SamplingParams(temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P,
                                               max_new_tokens=64))
-    records = env.write_prompts(PROBE_PROMPTS, PROBE_SEED)  # type: ignore[attr-defined]
+    records = env.write_prompts(recipe.probe_prompts, PROBE_SEED)  # type: ignore[attr-defined]
     rows = grade(env, records, agent, PROBE_SAMPLES, seed=PROBE_SEED)
     rates = {}
     for name in env.categories:
