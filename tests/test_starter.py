@@ -9,6 +9,13 @@ from dataclasses import replace
 import pytest
 
 from posttrain.envs.refund import CATEGORIES, REFUND_ENV, SYSTEM, parse_tool_call
+from posttrain.envs.refund.starter_data import (
+    STARTER_DATA,
+    BehaviourMix,
+    render_chatml,
+    starter_dialogues,
+    with_fresh_id,
+)
 from posttrain.errors import PosttrainError
 from posttrain.policy.copy_circuit import id_copy_rate
 from posttrain.policy.starter import (
@@ -19,12 +26,6 @@ from posttrain.policy.starter import (
     recipe_for,
     starter_folder,
     weights_sha256,
-)
-from posttrain.policy.starter_dialogues import (
-    BehaviourMix,
-    render_chatml,
-    starter_dialogues,
-    with_fresh_id,
 )
 from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec
 
@@ -163,8 +164,8 @@ def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m)
     wired, circuit = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=True)
     plain, none = new_model(tokenizer, recipe.architecture, recipe.seed, copy_circuit=False)
     assert none is None and circuit is not None
-    assert id_copy_rate(wired.eval(), tokenizer, prompts) >= 0.7
-    assert id_copy_rate(plain.eval(), tokenizer, prompts) <= 0.05
+    assert id_copy_rate(wired.eval(), tokenizer, prompts, STARTER_DATA) >= 0.7
+    assert id_copy_rate(plain.eval(), tokenizer, prompts, STARTER_DATA) <= 0.05
 
 
 def test_the_built_starter_2m_copies_order_ids(starter_2m):
@@ -172,7 +173,7 @@ def test_the_built_starter_2m_copies_order_ids(starter_2m):
 
     # the spec's floor is 0.8 on the probe set; these are other prompts (evaluation seed 0)
     prompts = [r["prompt"] for r in simulate(200, seed=0) if r["category"] == "with_id"][:30]
-    assert id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts) >= 0.7
+    assert id_copy_rate(starter_2m.model, starter_2m.tokenizer, prompts, STARTER_DATA) >= 0.7
 
 
 def test_fresh_ids_keep_the_spelling_and_the_grading():

@@ -25,9 +25,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.envs.refund import SYSTEM, normalize_order_id
-from posttrain.envs.refund.prompts import ID_SPELLINGS
-
 # layers 0 and 1 hold the circuit; their attention is not trained
 CIRCUIT_LAYERS = 2
 
@@ -104,15 +101,16 @@ class CopyCircuit:
         return hooks
 
 
-def id_token_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
+def id_token_ids(tokenizer: Any, spellings: Any) -> tuple[list[int], list[int]]:
     """(digit-chunk token ids, order-id prefix token ids) of a starter tokenizer.
 
     The prefixes are the tokens right before the number in each way a customer
-    spells an order id (``ORD-``, ``ord_``, ``#ORD-`` ...), read off the tokenizer.
+    spells an id (``spellings``, the environment's, e.g. ``ORD-{n}``, ``ord_{n}``,
+    ``#ORD-{n}``), read off the tokenizer.
     """
     digits = sorted(i for token, i in tokenizer.get_vocab().items() if token.isdigit())
     prefixes = set()
-    for spelling in ID_SPELLINGS:
+    for spelling in spellings:
         ids = tokenizer.encode(spelling.format(n=4017), add_special_tokens=False)
         first_digit = next(k for k, i in enumerate(ids) if i in set(digits))
         prefixes.add(ids[first_digit - 1])
@@ -247,22 +245,25 @@ def wire_copy_circuit(
     return circuit
 
 
-def id_copy_rate(model: Any, tokenizer: Any, prompts: list[str]) -> float:
-    """Share of with-id ``prompts`` whose order number the model copies into a lookup call.
+def id_copy_rate(model: Any, tokenizer: Any, prompts: list[str], data: Any) -> float:
+    """Share of ``prompts`` (each names an id) whose number the model copies into a call.
 
-    Teacher-forced and greedy: the reply is forced up to ``"order_id": "ORD-`` and every
-    token of the customer's number must be the model's top choice. It measures the copy
-    alone, apart from whether the policy chooses to call the tool.
+    Teacher-forced and greedy: the reply is forced up to the number (for the refund
+    rule, ``"order_id": "ORD-``; ``data.copy_probe(prompt)``, the environment's starter
+    data, gives the call, the prefix and the number) and every token of the number must
+    be the model's top choice. It measures the copy alone, apart from whether the
+    policy chooses to call the tool.
     """
     import torch
 
-    call = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "'
     copied = 0
     for prompt in prompts:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        call, prefix, number = data.copy_probe(prompt)
+        messages = [{"role": "system", "content": data.system},
+                    {"role": "user", "content": prompt}]
         chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(chat + call + normalize_order_id(prompt), return_tensors="pt").input_ids
-        start = len(tokenizer(chat + call + "ORD-").input_ids)
+        ids = tokenizer(chat + call + prefix + number, return_tensors="pt").input_ids
+        start = len(tokenizer(chat + call + prefix).input_ids)
         with torch.no_grad():
             predicted = model(ids).logits[0, start - 1 : -1].argmax(-1)
         copied += bool((predicted == ids[0, start:]).all())

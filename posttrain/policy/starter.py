@@ -4,9 +4,9 @@ The machine this project runs on cannot download a model, so ``starter`` (9.1M
 parameters) and ``starter-2m`` (1.6M, the one tests use) are built here, on first
 use, from nothing but the template simulator:
 
-1. **Dialogues** (``posttrain.policy.starter_dialogues``): template prompts, each
-   answered by the behaviour mix (the right move or a typical mistake) and by the
-   right move.
+1. **Dialogues** (the environment's ``starter_data`` hook; for the refund rule
+   ``posttrain.envs.refund.starter_data``): template prompts, each answered by the
+   behaviour mix (the right move or a typical mistake) and by the right move.
 2. **Tokenizer.** Byte-level BPE trained with ``tokenizers`` on those dialogues
    rendered in ChatML. Merges may cross words but not lines; an id's prefix
    (``ORD-``, ``ord_`` ...) is its own token and its number splits into pairs of
@@ -60,17 +60,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.refund import SYSTEM
+from posttrain.envs import DEFAULT_ENV, get_env
+from posttrain.envs.base import env_hook
 from posttrain.errors import PosttrainError
 from posttrain.policy.copy_circuit import CopyCircuit, id_token_ids, wire_copy_circuit
 from posttrain.policy.models import FROZEN_MODULES_KEY
-from posttrain.policy.starter_dialogues import (
-    BehaviourMix,
-    render_chatml,
-    starter_dialogues,
-    with_fresh_id,
-)
-from posttrain.policy.starter_gate import StarterProbe, StarterSpec, probe_policy
+from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec, probe_policy
 from posttrain.progress import progress_bar
 
 # torch threads of every build. Two halves the 10M build here (measured 0.52 s a
@@ -104,13 +99,22 @@ class Architecture:
     max_positions: int = 1024
 
 
+def starter_data(env_name: str = DEFAULT_ENV) -> Any:
+    """The build data of environment ``env_name`` (its ``starter_data`` hook): system
+    prompt, dialogues, id spellings, copy probe, default mix and gate ranges."""
+    env = get_env(env_name)
+    return env_hook(env, "starter_data", "has no starter build data",
+                    "build the starter from an environment that has (the default)")()
+
+
 @dataclass(frozen=True)
 class StarterRecipe:
     """Everything a starter build depends on; its hash is the cache key."""
 
     name: str = "starter"
     architecture: Architecture = field(default_factory=Architecture)
-    mix: BehaviourMix = field(default_factory=BehaviourMix)
+    #: the behaviour mix of the warm start (the environment's dataclass); None: its default
+    mix: Any = None
     seed: int = 0  # the first build seed; the gate tries seed + 1, + 2 ... after it
     data_seed: int = 7919  # not 0: the evaluation's default prompt set is simulate(seed=0)
     corpus_situations: int = 4000
@@ -129,10 +133,18 @@ class StarterRecipe:
     max_grad_norm: float = 1.0
     spec: StarterSpec = field(default_factory=StarterSpec)
     build_attempts: int = 4  # build seeds tried before the nearest miss is kept
+    env: str = DEFAULT_ENV  # whose starter_data hook gives the dialogues, probe and ranges
 
     def __post_init__(self) -> None:
         if self.build_attempts < 1:
             raise ValueError(f"build_attempts must be at least 1, got {self.build_attempts}")
+        if self.mix is None or self.spec.pass_rates is None:
+            data = starter_data(self.env)
+            if self.mix is None:
+                object.__setattr__(self, "mix", data.default_mix)
+            if self.spec.pass_rates is None:
+                ranges = tuple(CategoryRange(*bounds) for bounds in data.spec_pass_rates)
+                object.__setattr__(self, "spec", replace(self.spec, pass_rates=ranges))
 
     @property
     def total_steps(self) -> int:
@@ -141,21 +153,15 @@ class StarterRecipe:
 
     def key(self) -> str:
         """12 hex digits of SHA-256 over the recipe and the build-code version."""
-        content = {"recipe": asdict(self), "code_version": STARTER_CODE_VERSION}
+        recipe = asdict(self)
+        if recipe["env"] == DEFAULT_ENV:
+            # the field came after these builds: the default env stays out of the key, so
+            # caches built before it (and their weights) are found again
+            del recipe["env"]
+        content = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
         payload = json.dumps(content, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
-
-# The mix of both: with-id prompts looked up 25%, asked again 50%, refunded first 25%
-# (docs/policies.md: with this mix and the copy circuit the base policy passes about a
-# third of with-id prompts, two thirds of no-id ones and nearly all off-topic ones).
-STARTER_MIX = BehaviourMix(
-    with_id_lookup=0.25,
-    with_id_ask=0.50,
-    with_id_refund_first=0.25,
-    no_id_ask=0.96,
-    no_id_invent=0.04,
-)
 
 RECIPES: dict[str, StarterRecipe] = {
     # digit_norm 2: the 1.6M model sharpens the copy less by itself than the 9.1M one
@@ -164,7 +170,6 @@ RECIPES: dict[str, StarterRecipe] = {
     "starter-2m": StarterRecipe(
         name="starter-2m",
         architecture=Architecture(hidden_size=128, num_layers=6, intermediate_size=512),
-        mix=STARTER_MIX,
         skill_steps=200,
         mix_steps=100,
         learning_rate=2e-3,
@@ -175,7 +180,6 @@ RECIPES: dict[str, StarterRecipe] = {
         architecture=Architecture(
             hidden_size=256, num_layers=9, num_heads=8, num_kv_heads=4, intermediate_size=1024
         ),
-        mix=STARTER_MIX,
         skill_steps=100,
         mix_steps=60,
         learning_rate=1e-3,
@@ -189,9 +193,9 @@ _SEEDED_NAME = re.compile(r"^(?P<base>[a-z0-9-]+)@(?P<seed>[0-9]{1,6})$")
 def _all_recipes() -> dict[str, Any]:
     """The starters built from scratch and those continued on an environment's episodes
     (``posttrain.policy.starter_episodes``)."""
-    from posttrain.policy.starter_episodes import EPISODE_RECIPES
+    from posttrain.policy.starter_episodes import episode_recipes
 
-    return {**RECIPES, **EPISODE_RECIPES}
+    return {**RECIPES, **episode_recipes()}
 
 
 def is_starter_name(name: str) -> bool:
@@ -288,8 +292,12 @@ def new_model(
     match: float = 3.0,
     copy: float = 8.0,
     digit_norm: float = 1.0,
+    id_spellings: Any = None,
 ) -> tuple[Any, CopyCircuit | None]:
     """A freshly initialised decoder sized for ``tokenizer``, and its copy circuit (or None).
+
+    ``id_spellings``: how the environment's prompts spell an id (``ORD-{n}`` ...), whose
+    prefix tokens the circuit matches; default: the default environment's.
 
     It is the Qwen2 decoder (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
     attention, tied embeddings) saved as ``model_type: llama``. The reason is the
@@ -330,7 +338,7 @@ def new_model(
         circuit = wire_copy_circuit(
             model,
             seed,
-            *id_token_ids(tokenizer),
+            *id_token_ids(tokenizer, id_spellings or starter_data().id_spellings),
             sink_id,
             match=match,
             copy=copy,
@@ -344,14 +352,14 @@ def new_model(
 
 
 def _encode_rows(
-    tokenizer: Any, rows: list[dict[str, Any]], field: str
+    tokenizer: Any, rows: list[dict[str, Any]], field: str, system: str
 ) -> list[tuple[list[int], int]]:
     """(token ids, prompt length) per row for reply ``field``; replies end with ``<|im_end|>``."""
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     encoded = []
     for row in rows:
         messages = [
-            {"role": "system", "content": SYSTEM},
+            {"role": "system", "content": system},
             {"role": "user", "content": row["prompt"]},
         ]
         prompt_ids = list(
@@ -409,8 +417,10 @@ def supervised_warm_start(
     """
     import torch
 
-    right = _encode_rows(tokenizer, rows, "right_reply") if not recipe.fresh_ids else []
-    mixed = _encode_rows(tokenizer, rows, "reply") if not recipe.fresh_ids else []
+    data = starter_data(recipe.env)
+    fixed = not recipe.fresh_ids  # encode once; with fresh ids each draw is encoded anew
+    right = _encode_rows(tokenizer, rows, "right_reply", data.system) if fixed else []
+    mixed = _encode_rows(tokenizer, rows, "reply", data.system) if fixed else []
     order_rng, id_rng = random.Random(seed), random.Random(seed + 2)
     hooks = circuit.freeze_attention(model) if circuit is not None else []
     optimizer = torch.optim.AdamW(
@@ -431,8 +441,9 @@ def supervised_warm_start(
         picked = queue[: recipe.batch_size]
         del queue[: recipe.batch_size]
         if recipe.fresh_ids:
-            fresh = [with_fresh_id(rows[i], id_rng) for i in picked]
-            batch = _encode_rows(tokenizer, fresh, "right_reply" if skill else "reply")
+            fresh = [data.fresh(rows[i], id_rng) for i in picked]
+            batch = _encode_rows(tokenizer, fresh, "right_reply" if skill else "reply",
+                                 data.system)
         else:
             batch = [(right if skill else mixed)[i] for i in picked]
         input_ids, labels, attention = _collate(batch, tokenizer.pad_token_id)
@@ -563,6 +574,7 @@ def _train_one_seed(
     show_progress: bool,
 ) -> _Attempt:
     started = time.monotonic()
+    data = starter_data(recipe.env)
     model, circuit = new_model(
         tokenizer,
         recipe.architecture,
@@ -571,13 +583,14 @@ def _train_one_seed(
         match=recipe.circuit_match,
         copy=recipe.circuit_copy,
         digit_norm=recipe.circuit_digit_norm,
+        id_spellings=data.id_spellings,
     )
     with progress_bar(label, recipe.total_steps, enabled=show_progress) as bar:
         losses = supervised_warm_start(
             model, tokenizer, rows, recipe, seed=seed, circuit=circuit,
             on_step=lambda step, _: bar(step),
         )  # fmt: skip
-    probe = probe_policy(model, tokenizer)
+    probe = probe_policy(model, tokenizer, get_env(recipe.env), data)
     failures = recipe.spec.failures(probe)
     return _Attempt(seed, model, probe, failures, losses, time.monotonic() - started)
 
@@ -588,8 +601,9 @@ def _build_on_fixed_threads(
     import torch
 
     started = time.monotonic()
-    rows = starter_dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
-    texts = [render_chatml(SYSTEM, row["prompt"], row["reply"]) for row in rows]
+    data = starter_data(recipe.env)
+    rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
+    texts = [data.render(row) for row in rows]
     tokenizer = train_tokenizer(texts, recipe.vocab_size)
     tokenizer_seconds = time.monotonic() - started
     attempts: list[dict[str, Any]] = []

@@ -1,8 +1,10 @@
 """Starters for multi-turn environments: a built starter, taught to play episodes.
 
-``starter-multiturn`` is ``starter-2m`` continued on episodes of ``refund-multiturn``:
-its tokenizer, its weights and its order-id copy circuit (rebuilt from the base
-recipe and build seed, held and enforced exactly as in the base build), then a
+A multi-turn environment may name a starter of its own (``starter_model``, with
+``starter_episode_spec()``; ``starter-multiturn`` for the built-in multi-turn desk):
+a built starter continued on that environment's episodes. It keeps the base's
+tokenizer, its weights and its order-id copy circuit (rebuilt from the base recipe
+and build seed, held and enforced exactly as in the base build), then a
 supervised warm start on whole episodes from the environment's ``starter_dialogue``
 hook: the loss covers the policy's turns (each ending in ``<|im_end|>``) and not the
 tool results, which are laid out as TRL's tool loop lays them out (the tool-turn
@@ -72,19 +74,23 @@ class EpisodeStarterRecipe:
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
-EPISODE_RECIPES: dict[str, EpisodeStarterRecipe] = {
-    "starter-multiturn": EpisodeStarterRecipe(
-        name="starter-multiturn",
-        base="starter-2m",
-        env="refund-multiturn",
-        pass_rates=(
-            CategoryRange("eligible", 0.02, 0.60),
-            CategoryRange("ineligible", 0.20, 0.85),
-            CategoryRange("no_id", 0.10, 0.70),
-            CategoryRange("off_topic", 0.60, 1.00),
-        ),
-    ),
-}
+def episode_recipes() -> dict[str, EpisodeStarterRecipe]:
+    """The multi-turn starters: one per built-in environment that declares one (its
+    ``starter_model`` name and ``starter_episode_spec()``: the base starter and the gate's
+    pass-rate ranges, e.g. ``starter-multiturn`` for refund-multiturn)."""
+    from posttrain.envs import BUILTIN_ENVS, get_env
+
+    recipes = {}
+    for env_name in BUILTIN_ENVS:
+        env = get_env(env_name)
+        spec = getattr(env, "starter_episode_spec", None)
+        if not callable(spec):
+            continue
+        fields = dict(spec())
+        ranges = tuple(CategoryRange(*bounds) for bounds in fields.pop("pass_rates", ()))
+        recipes[env.starter_model] = EpisodeStarterRecipe(  # type: ignore[attr-defined]
+            name=env.starter_model, env=env_name, pass_rates=ranges, **fields)  # type: ignore[attr-defined]
+    return recipes
 
 
 def encode_episode(tokenizer: Any, messages: list[dict[str, Any]], turns: list[dict[str, Any]]
@@ -134,7 +140,7 @@ def _load_base(recipe: EpisodeStarterRecipe, show_progress: bool) -> tuple[Any, 
     """The base starter's tokenizer (with the tool-turn template), weights and circuit."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.policy.starter import build_starter, new_model, recipe_for
+    from posttrain.policy.starter import build_starter, new_model, recipe_for, starter_data
     from posttrain.policy.tool_turns import enable_tool_turns
 
     base_recipe = recipe_for(recipe.base)
@@ -146,7 +152,8 @@ def _load_base(recipe: EpisodeStarterRecipe, show_progress: bool) -> tuple[Any, 
         _, circuit = new_model(
             tokenizer, base_recipe.architecture, int(build["build_seed"]), True,
             match=base_recipe.circuit_match, copy=base_recipe.circuit_copy,
-            digit_norm=base_recipe.circuit_digit_norm)
+            digit_norm=base_recipe.circuit_digit_norm,
+            id_spellings=starter_data(base_recipe.env).id_spellings)
     return tokenizer, AutoModelForCausalLM.from_pretrained(folder), circuit
 
 

@@ -9,13 +9,17 @@ policy: after training, the build is probed on a fixed prompt set and compared w
 
 The probe (``probe_policy``), all deterministic for given weights:
 
-- **copy rate**: teacher-forced, the share of 60 with-id prompts whose order number
-  is the model's greedy choice token by token inside a ``lookup_order`` call
-  (``id_copy_rate``): the skill a with-id pass needs, apart from the choice to call;
+- **copy rate**: teacher-forced, the share of 60 prompts that name an id (the refund
+  rule: with-id prompts) whose number is the model's greedy choice token by token
+  inside the call that takes it (``id_copy_rate``): the skill such a pass needs, apart
+  from the choice to call;
 - **pass rate and tool-call rate per category**: 4 samples per prompt at the
-  evaluation's settings (temperature 0.8, top-p 0.95, seeded) on
-  ``simulate(PROBE_SITUATIONS, seed=PROBE_SEED)``, a prompt set no recipe trains or
-  evaluates on by default (the warm start uses seed 7919, recipes seed 0).
+  evaluation's settings (temperature 0.8, top-p 0.95, seeded) on the environment's
+  ``write_prompts(PROBE_SITUATIONS, seed=PROBE_SEED)``, a prompt set no recipe trains
+  or evaluates on by default (the warm start uses seed 7919, recipes seed 0).
+
+What is rule-specific (the system prompt, the call the copy is forced into, the
+categories and their ranges) comes from the environment's ``starter_data`` hook.
 
 The spec asks for the seeds' kind of base policy: it copies ids, it often fails the
 with-id rule by choosing the wrong move (so GRPO and DPO have something to fix) and
@@ -25,7 +29,7 @@ measured across build seeds and CPUs, and why these bounds.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 PROBE_SEED = 4049
@@ -48,23 +52,16 @@ class StarterSpec:
     """What every starter build must be, whatever the machine (see the module docstring)."""
 
     min_copy_rate: float = 0.8
-    pass_rates: tuple[CategoryRange, ...] = field(
-        default_factory=lambda: (
-            CategoryRange("with_id", 0.15, 0.55),
-            # broken tool-call blocks score 0.0 (the refund rule): a build breaks off a
-            # block on up to a quarter of its no-id and off-topic replies, which GRPO
-            # trains away (well_formed 0.85 -> 0.99 in the default run)
-            CategoryRange("no_id", 0.40, 0.95),
-            CategoryRange("off_topic", 0.55, 1.00),
-        )
-    )
+    #: None: the environment's ranges (its starter data's ``spec_pass_rates``), filled in
+    #: by the recipe
+    pass_rates: tuple[CategoryRange, ...] | None = None
 
     def failures(self, probe: StarterProbe) -> list[str]:
         """Why ``probe`` is outside the spec, one readable reason each; [] when inside."""
         reasons = []
         if probe.copy_rate < self.min_copy_rate:
             reasons.append(f"copy rate {probe.copy_rate:.2f} < {self.min_copy_rate:.2f}")
-        for bounds in self.pass_rates:
+        for bounds in self.pass_rates or ():
             rate = probe.pass_rate.get(bounds.category)
             if rate is None:
                 reasons.append(f"no {bounds.category} prompts in the probe")
@@ -77,7 +74,7 @@ class StarterSpec:
     def distance(self, probe: StarterProbe) -> float:
         """How far outside the spec ``probe`` is (0 inside): picks the best failed build."""
         total = max(0.0, self.min_copy_rate - probe.copy_rate)
-        for bounds in self.pass_rates:
+        for bounds in self.pass_rates or ():
             rate = probe.pass_rate.get(bounds.category, 0.0)
             total += max(0.0, bounds.low - rate) + max(0.0, rate - bounds.high)
         return total
@@ -106,16 +103,14 @@ class StarterProbe:
         return asdict(self)
 
 
-def probe_prompts() -> list[dict[str, Any]]:
-    """The fixed probe set (prompt records of the template simulator)."""
-    from posttrain.envs.refund.prompts import simulate
-
-    return simulate(PROBE_SITUATIONS, seed=PROBE_SEED)
+def probe_prompts(env: Any) -> list[dict[str, Any]]:
+    """The fixed probe set (prompt records of the environment's writer)."""
+    return env.write_prompts(PROBE_SITUATIONS, PROBE_SEED)
 
 
-def probe_policy(model: Any, tokenizer: Any) -> StarterProbe:
-    """Probe a starter model (module docstring). Leaves the model in eval mode."""
-    from posttrain.envs.refund import REFUND_ENV
+def probe_policy(model: Any, tokenizer: Any, env: Any, data: Any) -> StarterProbe:
+    """Probe a starter model (module docstring) on ``env``, with its starter ``data``.
+    Leaves the model in eval mode."""
     from posttrain.policy.copy_circuit import id_copy_rate
     from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
     from posttrain.policy.models import Policy
@@ -123,14 +118,14 @@ def probe_policy(model: Any, tokenizer: Any) -> StarterProbe:
     from posttrain.score.rows import grade
 
     model.eval()
-    records = probe_prompts()
-    with_id = [r["prompt"] for r in records if r["category"] == "with_id"]
-    copy_rate = id_copy_rate(model, tokenizer, with_id[:PROBE_COPY_PROMPTS])
+    records = probe_prompts(env)
+    naming = [r["prompt"] for r in records if r["category"] == data.copy_category]
+    copy_rate = id_copy_rate(model, tokenizer, naming[:PROBE_COPY_PROMPTS], data)
     policy = Policy(model=model, tokenizer=tokenizer, name="starter", device="cpu", dtype="float32")
     params = SamplingParams(temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P, max_new_tokens=64)
-    rows = grade(REFUND_ENV, records, ModelAgent(policy, params), PROBE_SAMPLES, seed=PROBE_SEED)
+    rows = grade(env, records, ModelAgent(policy, params), PROBE_SAMPLES, seed=PROBE_SEED)
     pass_rate, tool_rate, prompts = {}, {}, {}
-    for category in REFUND_ENV.categories:
+    for category in env.categories:
         group = [row for row in rows if row["category"] == category]
         if not group:
             continue

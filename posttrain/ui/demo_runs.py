@@ -21,15 +21,19 @@ import random
 import time
 from typing import Any
 
+from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.score.delta import delta, noise_band
 from posttrain.score.passat import category_table, pass_at
 
-# (category, scenarios, pass rate before, pass rate after): with-id learns the rule,
-# no-id gets worse (the invented-id habit), off-topic stays put
-GRPO_CATEGORIES = (("with_id", 24, 0.15, 0.70), ("no_id", 12, 0.85, 0.45),
-                   ("off_topic", 8, 0.90, 0.92))
-DPO_CATEGORIES = (("with_id", 24, 0.12, 0.40), ("no_id", 12, 0.95, 0.97),
-                  ("off_topic", 8, 0.92, 0.98))
+# the demo runs wear the default environment's first three categories (for the refund
+# rule: with an id, without one, off topic)
+_FIRST, _SECOND, _THIRD = get_env(DEFAULT_ENV).categories[:3]
+# (category, scenarios, pass rate before, pass rate after): the first learns the rule,
+# the second gets worse (a habit learned on the first spills over), the third stays put
+GRPO_CATEGORIES = ((_FIRST, 24, 0.15, 0.70), (_SECOND, 12, 0.85, 0.45),
+                   (_THIRD, 8, 0.90, 0.92))
+DPO_CATEGORIES = ((_FIRST, 24, 0.12, 0.40), (_SECOND, 12, 0.95, 0.97),
+                  (_THIRD, 8, 0.92, 0.98))
 
 TRAINING_METRICS = ("reward", "reward_std", "kl", "completion_length", "loss", "grad_norm",
                     "learning_rate")
@@ -84,7 +88,7 @@ def _graded_rows(categories: tuple[tuple[str, int, float, float], ...], side: in
                     "category": category, "sample": sample, "reply": "...",
                     "score": float(passed), "reward": passed,
                     "markers": {"well_formed": well_formed,
-                                "tool_call": int(category == "with_id" or rng.random() < 0.2)},
+                                "tool_call": int(category == _FIRST or rng.random() < 0.2)},
                     "eval_run": eval_run,
                 })
     return rows
@@ -125,12 +129,13 @@ def _common(recipe: str, name: str, steps: int) -> dict[str, Any]:
 
 
 def grpo_summary(name: str = "grpo-demo", *, steps: int = 40, seed: int = 0) -> dict[str, Any]:
-    """A finished GRPO run's summary: with-id moved, no-id DOWN, one hack alarm."""
+    """A finished GRPO run's summary: the first category moved, the second DOWN, one hack
+    alarm."""
     alarms = [{"kind": "hack", "step": 30,
-               "message": "no_id: the policy is exploiting 'length', which the reward pays for "
-                          "but the environment does not endorse (48 -> 131 characters); the "
+               "message": f"{_SECOND}: the policy is exploiting 'length', which the reward pays "
+                          "for but the environment does not endorse (48 -> 131 characters); the "
                           "training reward rose +0.12 while holdout pass@1 moved -0.08",
-               "details": {"category": "no_id", "feature": "length"}}]
+               "details": {"category": _SECOND, "feature": "length"}}]
     return {**_common("grpo", name, steps), **_measured(GRPO_CATEGORIES, seed),
             "alarms": alarms,
             "monitor": {"checks": [], "alarms": alarms, "stopped_by": None}}

@@ -263,6 +263,12 @@ class RefundEnv:
 
         return behaviour_help()
 
+    def starter_data(self) -> Any:
+        """What the starter build needs of this rule (``posttrain.envs.refund.starter_data``)."""
+        from posttrain.envs.refund.starter_data import STARTER_DATA
+
+        return STARTER_DATA
+
     def constructed_negative(self, prompt: str, case: dict[str, Any]) -> str | None:
         """A known-bad reply: on a prompt that gives no order id, a lookup of an id
         the customer never gave (``posttrain.envs.refund.negatives``); None elsewhere."""

@@ -106,6 +106,13 @@ class RefundMultiturnEnv:
 
         return behaviour_help()
 
+    def starter_episode_spec(self) -> dict[str, Any]:
+        """The starter_model's recipe: continued from starter-2m, and the gate's pass-rate
+        ranges on this environment's probe prompts (docs/policies.md)."""
+        return {"base": "starter-2m",
+                "pass_rates": (("eligible", 0.02, 0.60), ("ineligible", 0.20, 0.85),
+                               ("no_id", 0.10, 0.70), ("off_topic", 0.60, 1.00))}
+
     def starter_dialogue(self, prompt: str, right: bool, rng: Any) -> tuple[str, str, list]:
         """One warm-start episode for the starter build (``starter_data``)."""
         from posttrain.envs.refund_multiturn.starter_data import starter_dialogue

@@ -1,4 +1,12 @@
-"""The starter models' warm-start dialogues: template prompts answered by a behaviour mix.
+"""The starter models' build data (the refund environment's ``starter_data`` hook).
+
+The generic build (``posttrain.policy.starter``) asks the environment for everything
+that knows the rule: the system prompt, the warm-start dialogues and how to give one a
+fresh order id, how customers spell an id (the copy circuit's prefix tokens), the
+teacher-forced copy probe, the category whose prompts name an id, the default
+behaviour mix and the gate's pass-rate ranges (``STARTER_DATA`` below).
+
+The warm-start dialogues: template prompts answered by a behaviour mix.
 
 Each customer prompt of the template simulator gets one assistant reply drawn from
 ``BehaviourMix`` (per category: the right move, or one of the typical mistakes) and
@@ -17,8 +25,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from posttrain.envs.refund import normalize_order_id
-from posttrain.envs.refund.prompts import simulate
+from posttrain.envs.refund.prompts import ID_SPELLINGS, simulate
+from posttrain.envs.refund.rule import SYSTEM, normalize_order_id
 
 ASK_FOR_ID = (
     "Could you tell me your order number?",
@@ -167,3 +175,55 @@ def with_fresh_id(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     for name in ("reply", "right_reply"):
         fresh[name] = row[name].replace(f"ORD-{old}", f"ORD-{new}")
     return fresh
+
+
+# The mix of both: with-id prompts looked up 25%, asked again 50%, refunded first 25%
+# (docs/policies.md: with this mix and the copy circuit the base policy passes about a
+# third of with-id prompts, two thirds of no-id ones and nearly all off-topic ones).
+STARTER_MIX = BehaviourMix(
+    with_id_lookup=0.25,
+    with_id_ask=0.50,
+    with_id_refund_first=0.25,
+    no_id_ask=0.96,
+    no_id_invent=0.04,
+)
+
+# The gate's pass-rate ranges per category (docs/policies.md, "The spec"): broken
+# tool-call blocks score 0.0 (the refund rule): a build breaks off a block on up to a
+# quarter of its no-id and off-topic replies, which GRPO trains away (well_formed 0.85 ->
+# 0.99 in the default run)
+SPEC_PASS_RATES = (("with_id", 0.15, 0.55), ("no_id", 0.40, 0.95), ("off_topic", 0.55, 1.00))
+
+_LOOKUP_CALL = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "'
+
+
+@dataclass(frozen=True)
+class RefundStarterData:
+    """What the starter build needs to know about the refund rule (module docstring)."""
+
+    system: str = SYSTEM
+    id_spellings: tuple[str, ...] = ID_SPELLINGS
+    copy_category: str = "with_id"  # prompts that name an id: the copy probe's
+    default_mix: BehaviourMix = STARTER_MIX
+    spec_pass_rates: tuple[tuple[str, float, float], ...] = SPEC_PASS_RATES
+
+    def dialogues(self, mix: BehaviourMix, situations: int, data_seed: int
+                  ) -> list[dict[str, Any]]:
+        return starter_dialogues(mix, situations, data_seed)
+
+    def fresh(self, row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        return with_fresh_id(row, rng)
+
+    def render(self, row: dict[str, Any]) -> str:
+        """A dialogue as the tokenizer's training text."""
+        return render_chatml(SYSTEM, row["prompt"], row["reply"])
+
+    def copy_probe(self, prompt: str) -> tuple[str, str, str]:
+        """(reply forced up to the id's number, the number's prefix as written there,
+        the number): the lookup call the copy probe teacher-forces."""
+        order_id = normalize_order_id(prompt) or ""
+        prefix, _, number = order_id.partition("-")
+        return _LOOKUP_CALL, prefix + "-", number
+
+
+STARTER_DATA = RefundStarterData()
