@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.errors import PosttrainError
 
 DESCRIPTION = """\
 Serve one base model and any number of LoRA runs over HTTP. Clients create a session, a
@@ -64,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.service.api import serve
 
     settings = settings_from_args(ServeSettings, args)
+    # refused before the model loads (a bad port was a traceback from bind())
+    if not 0 <= settings.port <= 65535:
+        raise PosttrainError(f"--port must be between 0 and 65535, got {settings.port}")
+    if settings.torch_threads is not None and settings.torch_threads < 1:
+        raise PosttrainError(f"--torch-threads must be at least 1, got {settings.torch_threads}")
     serve(
         settings.base_model,
         host=settings.host,

@@ -24,10 +24,17 @@ RUNS_ENV = "POSTTRAIN_RUNS"
 
 
 def runs_root(explicit: str | os.PathLike | None = None) -> Path:
-    """The runs folder: ``explicit``, else ``$POSTTRAIN_RUNS``, else ``./runs``."""
-    if explicit:
-        return Path(explicit).expanduser()
-    return Path(os.environ.get(RUNS_ENV) or "runs").expanduser()
+    """The runs folder: ``explicit``, else ``$POSTTRAIN_RUNS``, else ``./runs``.
+
+    Raises ``PosttrainError`` when that path exists and is not a folder (say so before
+    a model loads, not in a traceback when the first run file is written)."""
+    source = "--runs-dir" if explicit else (f"${RUNS_ENV}" if os.environ.get(RUNS_ENV)
+                                              else "the default runs folder")
+    root = Path(explicit or os.environ.get(RUNS_ENV) or "runs").expanduser()
+    if root.exists() and not root.is_dir():
+        raise PosttrainError(f"{source} {str(root)!r} is a file, not a folder: name a folder "
+                             "(it is created when missing)")
+    return root
 
 
 def write_json_atomic(path: Path, value: Any) -> Path:
