@@ -105,6 +105,19 @@ def test_http_store_with_a_wrong_token_warns_once_and_stops_sending(server, caps
         (b'{"batch": "x", "ops": [{"op": "finish", "run": "r", "status": "great"}]}', "status"),
         (b'{"batch": 7, "ops": []}', "batch"),
         (b"\xff\xfe", "not valid JSON"),
+        # a number no float holds would be stored as infinity and break every page
+        (b'{"batch": "x", "ops": [{"op": "create", "run": "r", "config": {"x": 1e400}}]}',
+         "1e400 does not fit a float"),
+        (b'{"batch": "x", "ops": [{"op": "note", "run": "r", "text": "t", "step": Infinity}]}',
+         "not valid JSON"),
+        # steps past 2**53 overflowed SQLite's integers (a 500)
+        (b'{"batch": "x", "ops": [{"op": "metrics", "run": "r", "step": 100000000000000000000000,'
+         b' "metrics": {}}]}', "from 0 to 2**53"),
+        (b'{"batch": "x", "ops": [{"op": "metrics", "run": "r", "step": 1e23, "metrics": {}}]}',
+         "from 0 to 2**53"),
+        # nesting too deep to parse was a RecursionError (a 500)
+        (b'{"batch": "x", "ops": [{"op": "create", "run": "r", "config": '
+         + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}]}", "nested too deeply"),
     ],
 )
 def test_malformed_ingest_bodies_get_a_400_with_a_message(server, raw, fragment):

@@ -125,11 +125,16 @@ def _field_error(index: int, op: str, field: str, problem: str) -> RunStoreError
     return RunStoreError(f"op {index} ({op}): field {field!r}: {problem}")
 
 
+#: the largest step (or total) a run may record: every JSON reader holds it exactly, and
+#: SQLite's 64-bit integers hold it (a larger one was a 500 from the store)
+MAX_STEP = 2**53
+
+
 def _check_step(index: int, op: str, value: Any, *, optional: bool) -> int | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        expected = "an integer >= 0" + (" or null" if optional else "")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
+        expected = "an integer from 0 to 2**53" + (" or null" if optional else "")
         raise _field_error(index, op, "step", f"expected {expected}, got {value!r}")
     return value
 

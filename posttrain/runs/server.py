@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from posttrain.jsonl import strict_json_loads
 from posttrain.runs.ops import RunStoreError, check_run_name
 from posttrain.runs.sqlite_store import SqliteRunStore
 
@@ -64,14 +65,15 @@ class Request:
         return values[0] if values else default
 
     def json(self) -> Any:
-        """The body parsed as JSON; ``HttpError(400)`` when it is not (NaN is refused too)."""
-        def refuse_constant(name: str) -> None:
-            raise ValueError(f"{name} is not valid JSON")
-
+        """The body parsed as JSON; ``HttpError(400)`` when it is not. NaN, Infinity and
+        numbers too large for a float (1e400) are refused too, and so is nesting too deep
+        to parse."""
         try:
-            return json.loads(self.body.decode("utf-8"), parse_constant=refuse_constant)
+            return strict_json_loads(self.body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
             raise HttpError(400, f"request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise HttpError(400, "request body is nested too deeply") from None
 
 
 @dataclass

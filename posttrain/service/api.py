@@ -42,6 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import interruptible
+from posttrain.jsonl import strict_json_loads
 from posttrain.service.engine import PRIMITIVES, Engine
 from posttrain.service.errors import (
     BadRequest,
@@ -171,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not raw.strip():
             return {}
         try:
-            return json.loads(raw)
+            return strict_json_loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
             raise BadRequest(f"body is not valid JSON: {error}") from None
         except RecursionError:
