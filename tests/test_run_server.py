@@ -231,3 +231,39 @@ def test_a_full_buffer_drops_the_oldest_records_but_keeps_the_run(tmp_path, serv
     queued_ops = [op["op"] for op in store._queue]
     assert queued_ops[0] == "create"
     store.close()
+
+
+def _raw_exchange(server, payload: bytes, wait: float = 5.0) -> bytes:
+    host, port = server.server_address[:2]
+    with socket.create_connection((host, port), timeout=wait) as conn:
+        conn.sendall(payload)
+        chunks = []
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_a_write_without_the_token_is_refused_before_its_body_is_read(server):
+    # headers announce 30 MB; none of it is sent: the 401 must come without waiting for it
+    started = time.monotonic()
+    answer = _raw_exchange(server, b"POST /api/ingest HTTP/1.1\r\nHost: x\r\n"
+                                   b"Content-Length: 30000000\r\n"
+                                   b"Authorization: Bearer wrong\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 401")
+    assert b"missing or wrong token" in answer
+    assert time.monotonic() - started < 4
+
+
+def test_a_silent_connection_is_closed_after_the_socket_timeout(server, monkeypatch):
+    from posttrain.runs import server as server_module
+
+    monkeypatch.setattr(server_module._RequestHandler, "timeout", 0.5)
+    started = time.monotonic()
+    assert _raw_exchange(server, b"", wait=10) == b""  # closed by the server, nothing sent
+    assert time.monotonic() - started < 5

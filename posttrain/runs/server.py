@@ -35,6 +35,7 @@ from posttrain.runs.ops import RunStoreError, check_run_name
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+SOCKET_TIMEOUT_SECONDS = 30
 MAX_SERIES_POINTS = 100_000
 DEFAULT_MAX_POINTS = 2000
 
@@ -166,9 +167,19 @@ class RunServer(ThreadingHTTPServer):
 class _RequestHandler(BaseHTTPRequestHandler):
     server: RunServer
     protocol_version = "HTTP/1.1"
+    # a client that opens a connection and sends nothing (or stops mid-body) holds a
+    # thread until this many seconds pass, then the connection is closed
+    timeout = SOCKET_TIMEOUT_SECONDS
 
     def _handle(self, method: str) -> None:
         body = b""
+        if method == "POST" and not self._token_ok():
+            # every write needs the token: refuse before reading a body of up to 32 MiB
+            self.close_connection = True
+            self._send(json_response(
+                {"error": "missing or wrong token: send 'Authorization: Bearer <token>' with "
+                          "the server's token (POSTTRAIN_TOKEN)"}, 401))
+            return
         if method == "POST":
             length_header = self.headers.get("Content-Length")
             try:
@@ -193,6 +204,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
                   file=sys.stderr)
             response = json_response({"error": f"internal error: {type(error).__name__}"}, 500)
         self._send(response)
+
+    def _token_ok(self) -> bool:
+        token = self.server.token
+        if token is None:
+            return True
+        given = self.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode("utf-8"), f"Bearer {token}".encode())
 
     def _send(self, response: Response) -> None:
         self.send_response(response.status)
