@@ -276,6 +276,16 @@ def test_an_overflowing_loss_fails_the_run_with_a_message(session, prompt):
     assert run.wait_terminal(30)["status"] == "failed"
 
 
+def test_a_step_that_would_make_weights_non_finite_fails_and_is_not_applied(session, prompt):
+    run = session.create_run(rank=4, seed=9)
+    run.forward_backward([datum(prompt, COMPLETION)], "importance_sampling").result()
+    huge = AdamParams(learning_rate=1e30, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
+                      grad_clip_norm=0.0)
+    with pytest.raises(OperationFailed, match="non-finite"):
+        run.optim_step(huge).result()
+    assert run.wait_terminal(30)["status"] == "failed"
+
+
 def test_finish_ends_the_run_after_everything_before_it(session):
     run = session.create_run(rank=4)
     saved = run.save_weights_for_sampler(0)
@@ -574,3 +584,35 @@ def test_a_missing_state_is_named_without_the_servers_paths(session):
         run.submit("load_state", {"name": "never-saved"}).result()
     assert "no saved state 'never-saved' in run" in str(failed.value)
     assert "/" not in str(failed.value).split("no saved state", 1)[1]
+
+
+def test_a_refused_step_leaves_the_adapter_and_the_optimizer_as_they_were(policy):
+    """LoraModel directly: the weights and Adam's moments after a refused step are the
+    ones before it, and a sane step then works from there."""
+    from copy import deepcopy
+
+    from posttrain.service import requests as typed
+    from posttrain.service.lora_model import LoraModel
+
+    spec = typed.LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"), seed=1)
+    model = LoraModel(deepcopy(policy.model), policy.tokenizer, spec)
+    ids = tuple(policy.tokenizer("Refund ORD-4017 please.").input_ids)
+    datum = typed.Datum(ids, {"target_tokens": ids[1:] + (ids[0],),
+                              "logprobs": (0.0,) * len(ids), "advantages": (1.0,) * len(ids)})
+    request = typed.ForwardBackward((datum,), "importance_sampling", {})
+    sane = typed.AdamParams(1e-2, 0.9, 0.95, 1e-8, 0.0, 1.0)
+    model.forward_backward(request)
+    model.optim_step(sane)
+    model.forward_backward(request)
+    weights = model.adapter_tensors()
+    moments = deepcopy(model.optimizer.state_dict()["state"])
+    with pytest.raises(ValueError, match="non-finite or larger than"):
+        model.optim_step(typed.AdamParams(1e30, 0.9, 0.95, 1e-8, 0.0, 0.0))
+    assert model.step == 1
+    for name, tensor in model.adapter_tensors().items():
+        assert torch.equal(tensor, weights[name])
+    after = model.optimizer.state_dict()["state"]
+    for key, state in moments.items():
+        for field_name, value in state.items():
+            assert torch.equal(torch.as_tensor(after[key][field_name]), torch.as_tensor(value))
+    assert model.optim_step(sane)["step"] == 2

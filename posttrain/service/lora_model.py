@@ -138,6 +138,11 @@ def target_logprobs(model: Any, inputs: list[tuple[int, ...]], targets: list[Any
         yield group, picked
 
 
+# an adapter weight past this has diverged: float32 products of such weights overflow
+# within one forward pass (LoRA weights of a healthy run stay within single digits)
+MAX_ADAPTER_WEIGHT = 1e8
+
+
 class LoraModel:
     """A run's trainer adapter, optimizer, gradient accumulation and sampler snapshots."""
 
@@ -209,7 +214,16 @@ class LoraModel:
         }
 
     def optim_step(self, params: AdamParams) -> dict[str, Any]:
-        """One AdamW step on the accumulated gradients with exactly ``params``; clears them."""
+        """One AdamW step on the accumulated gradients with exactly ``params``; clears them.
+
+        A step that would leave any adapter weight non-finite or beyond
+        ``MAX_ADAPTER_WEIGHT`` (a learning rate of 1e30, say) is not applied: weights and
+        optimizer state stay what they were, and
+        ``ValueError`` says so (the operation fails, and with it the run, as any failed
+        training operation does; it used to succeed, and the next sample returned null
+        logprobs)."""
+        import copy
+
         import torch
 
         for group in self.optimizer.param_groups:
@@ -223,7 +237,22 @@ class LoraModel:
         grad_norm = (
             float(torch.nn.utils.clip_grad_norm_(have_grads, limit)) if have_grads else 0.0
         )
+        weights_before = {name: p.detach().clone() for name, p in self.parameters.items()}
+        state_before = copy.deepcopy(self.optimizer.state_dict())
         self.optimizer.step()
+        broken = [name for name, p in self.parameters.items()
+                  if not bool(torch.isfinite(p.detach()).all())
+                  or float(p.detach().abs().max()) > MAX_ADAPTER_WEIGHT]
+        if broken:
+            with torch.no_grad():
+                for name, p in self.parameters.items():
+                    p.copy_(weights_before[name])
+            self.optimizer.load_state_dict(state_before)
+            raise ValueError(
+                f"optim_step: the update would make {len(broken)} of {len(self.parameters)} "
+                f"adapter tensors non-finite or larger than {MAX_ADAPTER_WEIGHT:g} (learning "
+                f"rate {params.learning_rate:g} too high, or extreme gradients); it was not "
+                "applied: use a lower learning_rate or a grad_clip_norm")
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         calls, self.pending_backward_calls = self.pending_backward_calls, 0
