@@ -597,7 +597,7 @@ def test_a_refused_step_leaves_the_adapter_and_the_optimizer_as_they_were(policy
     spec = typed.LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"), seed=1)
     model = LoraModel(deepcopy(policy.model), policy.tokenizer, spec)
     ids = tuple(policy.tokenizer("Refund ORD-4017 please.").input_ids)
-    datum = typed.Datum(ids, {"target_tokens": ids[1:] + (ids[0],),
+    datum = typed.Datum(ids, {"target_tokens": (*ids[1:], ids[0]),
                               "logprobs": (0.0,) * len(ids), "advantages": (1.0,) * len(ids)})
     request = typed.ForwardBackward((datum,), "importance_sampling", {})
     sane = typed.AdamParams(1e-2, 0.9, 0.95, 1e-8, 0.0, 1.0)
