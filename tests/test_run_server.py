@@ -267,3 +267,11 @@ def test_a_silent_connection_is_closed_after_the_socket_timeout(server, monkeypa
     started = time.monotonic()
     assert _raw_exchange(server, b"", wait=10) == b""  # closed by the server, nothing sent
     assert time.monotonic() - started < 5
+
+
+def test_answers_never_carry_nan_or_infinity():
+    from posttrain.runs.server import json_response
+
+    body = json_response({"a": float("inf"), "b": [float("nan"), 1.5], "c": {"d": -float("inf")}})
+    assert json.loads(body.body, parse_constant=lambda name: pytest.fail(name)) == {
+        "a": None, "b": [None, 1.5], "c": {"d": None}}

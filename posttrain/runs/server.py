@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from posttrain.jsonl import strict_json_loads
-from posttrain.runs.ops import RunStoreError, check_run_name
+from posttrain.runs.ops import RunStoreError, check_run_name, to_jsonable
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -88,8 +88,13 @@ class Response:
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
-    """A JSON answer (UTF-8, compact)."""
-    return Response(status, json.dumps(payload, separators=(",", ":")).encode("utf-8"))
+    """A JSON answer (UTF-8, compact). Never NaN or Infinity, which no browser parses (one
+    such value broke the whole run list): a non-finite number goes out as null."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(to_jsonable(payload), separators=(",", ":"), allow_nan=False)
+    return Response(status, text.encode("utf-8"))
 
 
 Handler = Callable[[Request], Response]
