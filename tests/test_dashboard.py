@@ -121,7 +121,8 @@ def test_ingest_with_a_wrong_token_is_refused_on_the_dashboard_server(server):
         assert status == 401
     assert json.loads(raw_get(server, "/api/runs")[2])["runs"] == []
     status, _, _ = raw_get(server, "/api/ingest", "POST", ops.encode(),
-                           {"Authorization": f"Bearer {TOKEN}"})
+                           {"Content-Type": "application/json",
+                            "Authorization": f"Bearer {TOKEN}"})
     assert status == 200
 
 
@@ -402,3 +403,67 @@ def test_a_run_of_100000_points_per_curve_draws_in_under_2_seconds(server, page,
     assert last_step(page, "reward") == 100_000  # the last point survives thinning
     assert int(page.get_attribute('.chart[data-metric="reward"]', "data-points")) <= 1000
     screenshot(page, "dashboard-100k-points.png")
+
+
+# --- a foreign page in the same browser ---------------------------------------------------------
+
+FOREIGN_PAGE = """<!doctype html><title>loading</title><script>
+const ops = [{op: "create", run: "victim", config: {hijacked: true}, time: 2.0}];
+fetch("http://127.0.0.1:%d/api/ingest", {method: "POST", mode: "no-cors",
+      body: JSON.stringify({batch: "evil", ops: ops})})
+  .then(() => { document.title = "sent"; }, (error) => { document.title = "failed " + error; });
+</script>"""
+
+
+def test_a_page_from_another_site_cannot_write_to_the_dashboard(browser, tmp_path):
+    """The probe's attack, in real Chromium: a page served from another port posts a
+    no-cors text/plain write to a token-less dashboard on loopback; the finished run it
+    targets must come through untouched."""
+    import http.server
+    import threading
+    import urllib.request
+
+    server = dashboard_server(tmp_path / "posttrain.db", "127.0.0.1", 0)
+    thread = start_in_thread(server)
+    port = server.server_address[1]
+
+    def ingest(ops):
+        call = urllib.request.Request(f"{server.url}/api/ingest", method="POST",
+                                      data=json.dumps({"batch": ops[0]["op"], "ops": ops}).encode())
+        call.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(call, timeout=10) as answer:
+            assert answer.status == 200
+
+    ingest([{"op": "create", "run": "victim", "config": {"base_model": "starter"}, "time": 1.0}])
+    ingest([{"op": "finish", "run": "victim", "status": "done", "summary": {"verdict": "moved"}}])
+    page_body = (FOREIGN_PAGE % port).encode()
+
+    class Foreign(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page_body)))
+            self.end_headers()
+            self.wfile.write(page_body)
+
+        def log_message(self, *args):
+            pass
+
+    foreign = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{foreign.server_address[1]}/")
+        page.wait_for_function("document.title !== 'loading'", timeout=30_000)
+        with urllib.request.urlopen(f"{server.url}/api/runs/victim", timeout=10) as answer:
+            run = json.loads(answer.read())
+    finally:
+        context.close()
+        foreign.shutdown()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert run["status"] == "done"
+    assert run["summary"] == {"verdict": "moved"}
+    assert "hijacked" not in json.dumps(run["config"])

@@ -252,7 +252,8 @@ def _raw_exchange(server, payload: bytes, wait: float = 5.0) -> bytes:
 def test_a_write_without_the_token_is_refused_before_its_body_is_read(server):
     # headers announce 30 MB; none of it is sent: the 401 must come without waiting for it
     started = time.monotonic()
-    answer = _raw_exchange(server, b"POST /api/ingest HTTP/1.1\r\nHost: x\r\n"
+    answer = _raw_exchange(server, b"POST /api/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                   b"Content-Type: application/json\r\n"
                                    b"Content-Length: 30000000\r\n"
                                    b"Authorization: Bearer wrong\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 401")
@@ -275,3 +276,42 @@ def test_answers_never_carry_nan_or_infinity():
     body = json_response({"a": float("inf"), "b": [float("nan"), 1.5], "c": {"d": -float("inf")}})
     assert json.loads(body.body, parse_constant=lambda name: pytest.fail(name)) == {
         "a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+@pytest.mark.parametrize(("headers", "status", "fragment"), [
+    ({"Content-Type": "text/plain"}, 415, "application/json"),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "application/json"),
+    ({"Origin": "http://evil.example"}, 403, "another site"),
+    ({"Origin": "http://127.0.0.1:1"}, 403, "another site"),  # another port, another site
+    ({"Origin": "null"}, 403, "opaque origin"),
+    ({"Host": "evil.example:8765"}, 403, "is not this server's address"),
+])
+def test_writes_from_a_foreign_page_are_refused(server, headers, status, fragment):
+    body = json.dumps({"batch": "x", "ops": [CREATE]}).encode()
+    call = urllib.request.Request(server.url + "/api/ingest", data=body, method="POST")
+    call.add_header("Content-Type", "application/json")
+    call.add_header("Authorization", f"Bearer {TOKEN}")
+    for name, value in headers.items():
+        call.add_header(name, value)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(call, timeout=10)
+    assert refused.value.code == status
+    assert fragment in json.loads(refused.value.read())["error"]
+    assert request(server.url + "/api/runs")[1]["runs"] == []
+
+
+def test_same_origin_writes_and_reads_under_a_foreign_host_name(server):
+    port = server.server_address[1]
+    call = urllib.request.Request(server.url + "/api/ingest", method="POST",
+                                  data=json.dumps({"batch": "o", "ops": [CREATE]}).encode())
+    call.add_header("Content-Type", "application/json; charset=utf-8")
+    call.add_header("Authorization", f"Bearer {TOKEN}")
+    call.add_header("Origin", f"http://localhost:{port}")
+    with urllib.request.urlopen(call, timeout=10) as answer:
+        assert answer.status == 200
+    # a DNS-rebinding page reads under its own name: refused
+    rebinding = urllib.request.Request(server.url + "/api/runs")
+    rebinding.add_header("Host", f"attacker.example:{port}")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(rebinding, timeout=10)
+    assert refused.value.code == 403
