@@ -81,8 +81,9 @@ def raw(server, method, path, body=None, *, data=None, headers=None):
     """(status, json) of one request, errors included."""
     if data is None and body is not None:
         data = json.dumps(body).encode()
+    sent = {"Content-Type": "application/json", **(headers or {})}
     request = urllib.request.Request(server.url + "/v1/training" + path, data=data,
-                                     method=method, headers=headers or {})
+                                     method=method, headers=sent)
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read())
@@ -616,3 +617,13 @@ def test_a_refused_step_leaves_the_adapter_and_the_optimizer_as_they_were(policy
         for field_name, value in state.items():
             assert torch.equal(torch.as_tensor(after[key][field_name]), torch.as_tensor(value))
     assert model.optim_step(sane)["step"] == 2
+
+
+@pytest.mark.parametrize(("headers", "status", "fragment"), [
+    ({"Content-Type": "text/plain"}, 415, "application/json"),
+    ({"Origin": "http://evil.example"}, 403, "another site"),
+    ({"Host": "rebound.example:8400"}, 403, "is not this server's address"),
+])
+def test_requests_a_foreign_page_could_forge_are_refused(server, headers, status, fragment):
+    answer_status, answer = raw(server, "POST", "/sessions", {}, headers=headers)
+    assert answer_status == status and fragment in answer["error"]["message"]

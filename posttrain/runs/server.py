@@ -19,7 +19,6 @@ is always a 4xx with a message, never a 500.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import re
 import sys
@@ -31,13 +30,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from posttrain.http_guard import foreign_request
 from posttrain.jsonl import strict_json_loads
 from posttrain.runs.ops import RunStoreError, check_run_name, to_jsonable
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-#: the names a loopback server answers to (a Host header with any other name is refused)
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 SOCKET_TIMEOUT_SECONDS = 30
 MAX_SERIES_POINTS = 100_000
 DEFAULT_MAX_POINTS = 2000
@@ -88,23 +86,6 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
-
-
-def _is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip()).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(netloc: str) -> str:
-    """The host part of ``host[:port]`` or ``[v6]:port``, lower case, brackets removed."""
-    netloc = netloc.strip().lower()
-    if netloc.startswith("["):
-        return netloc[1 : netloc.find("]")] if "]" in netloc else netloc
-    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -236,36 +217,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self._send(response)
 
     def _foreign_request(self, method: str) -> tuple[int, str] | None:
-        """(status, message) when the request comes from where it must not, else None.
-
-        A web page open in the user's browser can send a "simple" cross-site POST (no
-        preflight: text/plain, no custom headers) to a server on loopback, and a DNS
-        rebinding page can read from one under its own host name. So on a loopback
-        server the Host header must name loopback, and every write must be JSON
-        (``Content-Type: application/json``, which a page cannot send cross-site without a
-        preflight this server never answers) from no foreign ``Origin``.
-        """
+        """Why a web page could have forged this request (``posttrain.http_guard``)."""
         bound, port = self.server.server_address[:2]
-        loopback = _is_loopback(str(bound))
-        host_header = (self.headers.get("Host") or "").strip()
-        if loopback and host_header and _host_name(host_header) not in LOOPBACK_NAMES:
-            return 403, (f"Host {host_header!r} is not this server's address (a page under "
-                         f"another name is not served): use http://127.0.0.1:{port}/")
-        if method != "POST":
-            return None
-        origin = (self.headers.get("Origin") or "").strip()
-        if origin and origin != "null":
-            origin_host = _host_name(urlsplit(origin).netloc)
-            allowed = LOOPBACK_NAMES if loopback else {_host_name(host_header)}
-            if origin_host not in allowed or urlsplit(origin).port not in (port, None):
-                return 403, f"writes from another site ({origin}) are refused"
-        elif origin == "null":
-            return 403, "writes from an opaque origin (a sandboxed page or a file) are refused"
-        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        if kind != "application/json":
-            return 415, (f"a write must be sent as Content-Type: application/json, got "
-                         f"{kind or 'none'!r}")
-        return None
+        return foreign_request(method, self.headers, str(bound), int(port))
 
     def _token_ok(self) -> bool:
         token = self.server.token

@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from posttrain.errors import PosttrainError
+from posttrain.http_guard import foreign_request
 from posttrain.interrupts import interruptible
 from posttrain.jsonl import strict_json_loads
 from posttrain.service.engine import PRIMITIVES, Engine
@@ -126,6 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         try:
+            self._refuse_foreign(method)
             self._check_token()
             body = self._read_body() if method == "POST" else None
             status, payload = self._dispatch(method, body)
@@ -140,6 +142,15 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload = 500, {"error": {"status": 500,
                                               "message": f"internal error: {error!r}"}}
         self._send(status, payload)
+
+    def _refuse_foreign(self, method: str) -> None:
+        """A request a web page could have forged (``posttrain.http_guard``) is refused
+        before its body is read."""
+        bound, port = self.server.server_address[:2]
+        refusal = foreign_request(method, self.headers, str(bound), int(port))
+        if refusal is not None:
+            self.close_connection = True
+            raise ServiceError(refusal[1], refusal[0])
 
     def _check_token(self) -> None:
         token = self.server.token
