@@ -467,3 +467,74 @@ def test_a_page_from_another_site_cannot_write_to_the_dashboard(browser, tmp_pat
     assert run["status"] == "done"
     assert run["summary"] == {"verdict": "moved"}
     assert "hijacked" not in json.dumps(run["config"])
+
+
+# --- what the policy said -----------------------------------------------------------------------
+
+EPISODE_ROW = {
+    "prompt": "Refund ORD-1002 now.", "scenario_id": "mt-1", "category": "ineligible",
+    "sample": 0, "score": 1.0, "reward": 1, "eval_run": 0,
+    "reply": ('<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD-1002"}}\n'
+              "</tool_call>\n<|im_end|>\nIt has not arrived yet, so I cannot refund it."),
+    "transcript": [
+        {"role": "assistant", "content": '<tool_call>\n{"name": "lookup_order", "arguments": '
+                                         '{"order_id": "ORD-1002"}}\n</tool_call>'},
+        {"role": "tool", "name": "lookup_order",
+         "content": '{"order_id": "ORD-1002", "status": "in_transit", "refundable": false}'},
+        {"role": "assistant", "content": "It has not arrived yet, so I cannot refund it."},
+    ],
+    "episode": {"turns": 2, "tool_calls": 1, "failed_calls": 0, "ended": "reply"},
+}
+PLAIN_ROW = {"prompt": "Tell me a joke. <script>alert(1)</script>", "scenario_id": "s-2",
+             "category": "off_topic", "sample": 0, "score": 0.0, "reward": 0, "eval_run": 0,
+             "reply": "<b>no</b>"}
+
+
+def write_samples(runs_dir: Path, name: str) -> None:
+    folder = runs_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [EPISODE_ROW, PLAIN_ROW, {**PLAIN_ROW, "eval_run": 1}]
+    (folder / "holdout_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_samples_api_reads_the_run_folder(server, runs_dir):
+    write_samples(runs_dir, "mt-run")
+    status, _, body = raw_get(server, "/api/runs/mt-run/samples")
+    answer = json.loads(body)
+    assert status == 200 and answer["available"] and answer["which"] == "after"
+    assert [row["category"] for row in answer["rows"]] == ["ineligible", "off_topic"]  # run 0
+    assert answer["rows"][0]["transcript"][1]["role"] == "tool"
+    status, _, body = raw_get(server, "/api/runs/mt-run/samples?which=before")
+    assert status == 200 and json.loads(body) == {"run": "mt-run", "which": "before",
+                                                  "available": False, "rows": []}
+    assert len(json.loads(raw_get(server, "/api/runs/mt-run/samples?limit=1")[2])["rows"]) == 1
+    for query, fragment in (("which=middle", "which must be"), ("limit=0", "between 1"),
+                            ("limit=x", "whole number"), ("limit=201", "between 1")):
+        status, _, body = raw_get(server, f"/api/runs/mt-run/samples?{query}")
+        assert status == 400 and fragment in json.loads(body)["error"]
+    assert raw_get(server, "/api/runs/..hidden/samples")[0] == 400
+
+
+def test_an_episode_reads_as_a_conversation(server, runs_dir, page):
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "mt-run")
+    store.close()
+    write_samples(runs_dir, "mt-run")
+    page.goto(server.url + "/runs/mt-run")
+    page.wait_for_selector("html[data-ready]")
+    page.wait_for_selector("#samples-box .sample")
+    first = page.locator("#samples-box .sample").first
+    roles = [bubble.get_attribute("data-role")
+             for bubble in first.locator(".bubble").all()]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert 'lookup_order({"order_id":"ORD-1002"})' in first.locator(".tool-call").inner_text()
+    assert "in_transit" in first.locator(".bubble.tool").inner_text()
+    assert "2 turns, 1 tool calls, ended by reply" in first.inner_text()
+    # text from a policy or a customer never becomes markup
+    second = page.locator("#samples-box .sample").nth(1)
+    assert "<script>alert(1)</script>" in second.inner_text()
+    assert "<b>no</b>" in second.inner_text() and second.locator("b").count() == 0
+    screenshot(page, "dashboard-episode.png")
+    page.select_option("#samples-which", "before")
+    page.wait_for_selector("html[data-samples='before']")
+    assert "no before-training samples" in page.locator("#samples-box").inner_text()

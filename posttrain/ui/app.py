@@ -14,6 +14,11 @@ Routes added to a ``RunServer``:
 | `/runs/<name>`       | a run's page (`templates/run.html`); the run store prints this URL |
 | `/static/<file>`     | a file of `static/` (one path segment, listed files only)     |
 | `/favicon.ico`       | 204, so the browser's automatic request leaves no error       |
+| `/api/runs/<name>/samples` | graded holdout rows (see ``read_samples``)         |
+
+``/api/runs/<name>/samples?which=before|after&limit=N`` reads the run folder next to the
+store (``<runs>/<name>/holdout_<which>.jsonl``; default after, 40 rows, at most 200): what
+the policy said, and for a multi-turn run each episode's ``transcript``.
 
 A run name that could escape the runs folder (``..``, ``.hidden``) is a 400; a path
 with a slash after ``/runs/`` or ``/static/`` matches no route, so it is a 404.
@@ -21,10 +26,12 @@ with a slash after ``/runs/`` or ``/static/`` matches no route, so it is a 404.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from posttrain.runs.ops import RunStoreError, check_run_name
-from posttrain.runs.server import HttpError, Request, Response, RunServer, serve
+from posttrain.runs.server import HttpError, Request, Response, RunServer, json_response, serve
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATIC_DIR = PACKAGE_DIR / "static"
@@ -48,6 +55,35 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+# the graded rows a run folder keeps (posttrain.train.measure), by the page's name for them
+SAMPLE_FILES = {"before": "holdout_before.jsonl", "after": "holdout_after.jsonl"}
+SAMPLE_FIELDS = ("prompt", "category", "sample", "score", "reward", "reply", "transcript",
+                 "episode")
+DEFAULT_SAMPLES = 40
+MAX_SAMPLES = 200
+
+
+def read_samples(path: Path, limit: int) -> list[dict[str, Any]] | None:
+    """The first ``limit`` rows of evaluation run 0 in a graded-rows file, with the fields
+    the page shows; None when the file does not exist (yet). Lines that are not JSON
+    objects are skipped: this is a view, and the run's own tools check the file."""
+    if not path.is_file():
+        return None
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or row.get("eval_run", 0) != 0:
+                continue
+            rows.append({key: row[key] for key in SAMPLE_FIELDS if key in row})
+            if len(rows) >= limit:
+                break
+    return rows
 
 
 def static_files() -> dict[str, Path]:
@@ -94,10 +130,30 @@ def add_dashboard(server: RunServer) -> RunServer:
     def no_icon(request: Request) -> Response:
         return Response(204, b"", "image/x-icon")
 
+    def samples(request: Request) -> Response:
+        try:
+            name = check_run_name(request.match["name"])
+        except RunStoreError as error:
+            raise HttpError(400, str(error)) from None
+        which = request.param("which", "after")
+        if which not in SAMPLE_FILES:
+            raise HttpError(400, f"which must be one of {', '.join(SAMPLE_FILES)}, got {which!r}")
+        try:
+            limit = int(request.param("limit", str(DEFAULT_SAMPLES)) or DEFAULT_SAMPLES)
+        except ValueError:
+            raise HttpError(400, "limit must be a whole number") from None
+        if not 1 <= limit <= MAX_SAMPLES:
+            raise HttpError(400, f"limit must be between 1 and {MAX_SAMPLES}, got {limit}")
+        path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
+        rows = read_samples(path, limit)
+        return json_response({"run": name, "which": which, "available": rows is not None,
+                              "rows": rows or []})
+
     server.add_route("GET", r"/", run_list)
     server.add_route("GET", r"/runs/(?P<name>[^/]+)", run_page)
     server.add_route("GET", r"/static/(?P<file>[^/]+)", static)
     server.add_route("GET", r"/favicon\.ico", no_icon)
+    server.add_route("GET", r"/api/runs/(?P<name>[^/]+)/samples", samples)
     return server
 
 

@@ -14,6 +14,7 @@ import {
   statusPill,
 } from "./common.js";
 import { categoryTable, configTable, forestPlot, headline, pairReport, statsTable, timingsTable } from "./results.js";
+import { showSamples } from "./samples.js";
 
 // two points (a bucket's min and max) per pixel column of a wide chart: more would only
 // cost the server time (reading a 100,000-point curve is most of the page's load time)
@@ -287,6 +288,8 @@ function renderResults(run) {
     fill($("stats-box"), statsTable(summary));
     fill($("categories-box"), categoryTable(summary, compareSummary));
   }
+  $("samples-panel").hidden = !measured;
+  if (measured) refreshSamples();
   $("pairs-panel").hidden = !summary.pair_report;
   if (summary.pair_report) fill($("pairs-box"), pairReport(summary.pair_report));
   const config = configTable(run.config || {}, state.compareRun ? state.compareRun.config : null);
@@ -296,6 +299,12 @@ function renderResults(run) {
     ? `· ${config.differing} settings differ from ${state.compare}` : "";
   fill($("timings-box"), timingsTable(summary));
   $("config-panel").hidden = false;
+}
+
+async function refreshSamples() {
+  // rows are read when the results change (the run finished), not on every poll
+  await showSamples($("samples-box"), state.name, $("samples-which").value);
+  document.documentElement.dataset.samples = $("samples-which").value;
 }
 
 function renderRun() {
@@ -409,6 +418,7 @@ function schedule() {
 }
 
 function setupControls() {
+  $("samples-which").addEventListener("change", () => { refreshSamples(); });
   const slider = $("smoothing");
   const saved = Number(window.localStorage.getItem("posttrain.smoothing"));
   if (window.localStorage.getItem("posttrain.smoothing") !== null && saved >= 0 && saved < 1) {
