@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import socket
 
 from posttrain.errors import PosttrainError
+from posttrain.http_guard import is_loopback
 from posttrain.interrupts import interruptible
 from posttrain.runs.folder import runs_root
 from posttrain.runs.store import DB_FILENAME, TOKEN_ENV
@@ -55,16 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"bearer token that POST /api/ingest must carry (default: ${TOKEN_ENV})",
     )
     parser.set_defaults(func=run)
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``; False for anything reachable from outside."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip()).is_loopback
-    except ValueError:
-        return False
 
 
 def dashboard_url(host: str, port: int) -> str:
