@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         save_rows(args.out, rows)
     overall = pass_at(rows, seed=args.eval_seed)
     repeats = [pass_at(run_rows, seed=args.eval_seed).pass_at_1 for run_rows in evaluation.runs]
+    episodes = episode_stats(rows)
     if args.json:
         print(
             json.dumps(
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                     "pass_at": overall.to_dict(),
                     "repeats_pass_at_1": repeats,
                     "seconds": round(evaluation.seconds, 3),
-                    **({"episodes": episode_stats(rows)} if episode_stats(rows) else {}),
+                    **({"episodes": episodes} if episodes else {}),
                 },
                 sort_keys=True,
             )
@@ -153,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
     if len(repeats) > 1:
         print("repeats pass@1: " + ", ".join(f"{value:.3f}" for value in repeats))
     print(format_group_table(category_table(rows, seed=args.eval_seed)))
-    episodes = episode_stats(rows)
     if episodes:
         print(format_episode_stats(episodes))
     if args.out:

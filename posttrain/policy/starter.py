@@ -395,6 +395,27 @@ def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[Any, Any,
     return input_ids, labels, attention
 
 
+def warm_start_step(model: Any, optimizer: Any, tensors: tuple[Any, Any, Any],
+                    learning_rate: float, max_grad_norm: float,
+                    circuit: CopyCircuit | None) -> float:
+    """One optimizer step of a warm start on ``(input_ids, labels, attention_mask)``: the
+    loss, its gradient clipped to ``max_grad_norm``, AdamW at ``learning_rate``, then the
+    copy circuit's slices enforced. Returns the loss. (The episode starters use it too.)"""
+    import torch
+
+    input_ids, labels, attention = tensors
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
+    loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    if circuit is not None:
+        circuit.enforce(model)
+    return loss.item()
+
+
 def supervised_warm_start(
     model: Any,
     tokenizer: Any,
@@ -446,17 +467,9 @@ def supervised_warm_start(
                                  data.system)
         else:
             batch = [(right if skill else mixed)[i] for i in picked]
-        input_ids, labels, attention = _collate(batch, tokenizer.pad_token_id)
-        for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(step, recipe)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-        optimizer.step()
-        if circuit is not None:
-            circuit.enforce(model)
-        losses.append(loss.item())
+        losses.append(warm_start_step(model, optimizer, _collate(batch, tokenizer.pad_token_id),
+                                      _learning_rate(step, recipe), recipe.max_grad_norm,
+                                      circuit))
         if on_step is not None:
             on_step(step + 1, losses[-1])
     for hook in hooks:

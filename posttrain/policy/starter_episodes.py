@@ -127,15 +127,6 @@ def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any
     return input_ids, labels, attention
 
 
-def _learning_rate(step: int, recipe: EpisodeStarterRecipe) -> float:
-    import math
-
-    if step < recipe.warmup_steps:
-        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
-    progress = (step - recipe.warmup_steps) / max(1, recipe.total_steps - recipe.warmup_steps)
-    return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 def _load_base(recipe: EpisodeStarterRecipe, show_progress: bool) -> tuple[Any, Any, Any]:
     """The base starter's tokenizer (with the tool-turn template), weights and circuit."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -163,6 +154,7 @@ def train_episodes(model: Any, tokenizer: Any, circuit: Any, recipe: EpisodeStar
     import torch
 
     from posttrain.envs import get_env
+    from posttrain.policy.starter import _learning_rate, warm_start_step
 
     env = get_env(recipe.env)
     dialogue = env.starter_dialogue  # type: ignore[attr-defined]
@@ -188,17 +180,9 @@ def train_episodes(model: Any, tokenizer: Any, circuit: Any, recipe: EpisodeStar
             prompt, move, turns = dialogue(prompts[index], step < recipe.skill_steps, draw_rng)
             moves[move] = moves.get(move, 0) + 1
             batch.append(encode_episode(tokenizer, env.messages_for(prompt), turns))
-        input_ids, labels, attention = _collate(batch, tokenizer.pad_token_id)
-        for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(step, recipe)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-        optimizer.step()
-        if circuit is not None:
-            circuit.enforce(model)
-        losses.append(loss.item())
+        losses.append(warm_start_step(model, optimizer, _collate(batch, tokenizer.pad_token_id),
+                                      _learning_rate(step, recipe), recipe.max_grad_norm,
+                                      circuit))
         if on_step is not None:
             on_step(step + 1)
     for hook in hooks:

@@ -163,13 +163,15 @@ ID_SPELLINGS = (
 )
 
 
-def _draw_category(rng: random.Random) -> str:
+def _draw_category(rng: random.Random,
+                   shares: tuple[tuple[str, float], ...] = CATEGORY_SHARES) -> str:
+    """One category, drawn with ``shares`` (one ``rng.random()`` call)."""
     draw = rng.random()
-    for name, share in CATEGORY_SHARES:
+    for name, share in shares:
         if draw < share:
             return name
         draw -= share
-    return CATEGORY_SHARES[-1][0]
+    return shares[-1][0]
 
 
 def _order_id_text(rng: random.Random) -> str:

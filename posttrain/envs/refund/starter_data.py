@@ -157,6 +157,18 @@ def render_chatml(system: str, prompt: str, reply: str) -> str:
 _SPELLED_ID = re.compile(r"(\bORD[-_ ]?)(\d{3,6})\b", re.IGNORECASE)
 
 
+def fresh_order_number(prompt: str, rng: random.Random) -> tuple[str, str | None, str | None]:
+    """(``prompt`` with its order number replaced by a random one of the same length, the
+    old number, the new one); the customer's spelling (``ord_991``, ``#ORD-991``) is kept.
+    Unchanged (and no draw from ``rng``) when the prompt names no order."""
+    match = _SPELLED_ID.search(prompt)
+    if match is None:
+        return prompt, None, None
+    old = match.group(2)
+    new = str(rng.randrange(10 ** (len(old) - 1), 10 ** len(old)))
+    return prompt[: match.start(2)] + new + prompt[match.end(2) :], old, new
+
+
 def with_fresh_id(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     """``row`` with its order number replaced by a new random one, in prompt and replies.
 
@@ -165,13 +177,11 @@ def with_fresh_id(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     only way to lower the loss on the id is to copy it from the prompt rather
     than to remember which id goes with which sentence.
     """
-    match = _SPELLED_ID.search(row["prompt"])
-    if match is None:
+    prompt, old, new = fresh_order_number(row["prompt"], rng)
+    if old is None:
         return row
-    old = match.group(2)
-    new = str(rng.randrange(10 ** (len(old) - 1), 10 ** len(old)))
     fresh = dict(row)
-    fresh["prompt"] = row["prompt"][: match.start(2)] + new + row["prompt"][match.end(2) :]
+    fresh["prompt"] = prompt
     for name in ("reply", "right_reply"):
         fresh[name] = row[name].replace(f"ORD-{old}", f"ORD-{new}")
     return fresh

@@ -21,6 +21,7 @@ from posttrain.envs.refund.prompts import (
     OFF_TOPIC_TEMPLATES,
     TONE_OPENERS,
     WITH_ID_TEMPLATES,
+    _draw_category,
     _dress,
     _order_id_text,
 )
@@ -29,15 +30,6 @@ from posttrain.envs.refund_multiturn.rule import case_for, category
 REFUND_INTENTS = ("refund", "damaged", "wrong_item")
 # with an id 60% (eligible or not, by the book), no id 25%, off topic 15%
 SHARES = (("with_id", 0.60), ("no_id", 0.25), ("off_topic", 0.15))
-
-
-def _draw(rng: random.Random) -> str:
-    draw = rng.random()
-    for name, share in SHARES:
-        if draw < share:
-            return name
-        draw -= share
-    return SHARES[-1][0]
 
 
 def write_prompts(count: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -49,7 +41,7 @@ def write_prompts(count: int, seed: int = 0) -> list[dict[str, Any]]:
     seen: set[str] = set()
     records = []
     for index in range(count):
-        wanted = _draw(rng)
+        wanted = _draw_category(rng, SHARES)
         tone = rng.choice(sorted(TONE_OPENERS))
         kind = rng.choice(sorted(CUSTOMER_KINDS)) if rng.random() < 0.5 else None
         if wanted == "off_topic":

@@ -18,9 +18,9 @@ no signal that holds them when the other categories push towards tool calls).
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
+from posttrain.envs.refund.starter_data import fresh_order_number
 from posttrain.envs.refund_multiturn.agent import _next_turn
 from posttrain.envs.refund_multiturn.desk import Desk
 from posttrain.envs.refund_multiturn.rule import MAX_TURNS, case_for, category
@@ -35,18 +35,6 @@ STARTER_MIX: dict[str, dict[str, float]] = {
 PROSE_ASKS = ("Could you tell me your order number?", "What is your order id?")
 OFF_TOPIC_REPLY = "Sorry, I can only help with orders and refunds."
 NOTED = "Thanks for writing. I have made a note of it."
-_SPELLED_ID = re.compile(r"(\bORD[-_ ]?)(\d{3,6})\b", re.IGNORECASE)
-
-
-def fresh_id(prompt: str, rng: random.Random) -> str:
-    """``prompt`` with its order number replaced by a random one of the same length
-    (the customer's spelling kept); unchanged when it names none."""
-    match = _SPELLED_ID.search(prompt)
-    if match is None:
-        return prompt
-    old = match.group(2)
-    new = str(rng.randrange(10 ** (len(old) - 1), 10 ** len(old)))
-    return prompt[: match.start(2)] + new + prompt[match.end(2) :]
 
 
 def _turn(move: str, case: dict[str, Any], conversation: list[dict[str, Any]],
@@ -87,7 +75,7 @@ def starter_dialogue(prompt: str, right: bool, rng: random.Random
     """(prompt with a fresh id, move played, episode turns) for one warm-start draw."""
     from posttrain.envs.refund_multiturn.rule import messages_for
 
-    prompt = fresh_id(prompt, rng)
+    prompt = fresh_order_number(prompt, rng)[0]
     shares = STARTER_MIX[category(case_for(prompt))]
     if right:
         move = "right"
