@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "posttrain.commands.dpo",
     "posttrain.commands.pairs",
     "posttrain.commands.ui",
+    "posttrain.commands.runs",
     "posttrain.commands.model",
     "posttrain.commands.serve",
     "posttrain.commands.primitives_demo",

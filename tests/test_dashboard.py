@@ -538,3 +538,40 @@ def test_an_episode_reads_as_a_conversation(server, runs_dir, page):
     page.select_option("#samples-which", "before")
     page.wait_for_selector("html[data-samples='before']")
     assert "no before-training samples" in page.locator("#samples-box").inner_text()
+
+
+def test_a_lost_run_reads_lost_and_the_delete_button_removes_it(browser, runs_dir, tmp_path):
+    # a token-less dashboard, as `posttrain ui` starts by default on 127.0.0.1
+    open_server = dashboard_server(runs_dir / "posttrain.db", "127.0.0.1", 0, None)
+    thread = start_in_thread(open_server)
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    store.create_run("killed", {"base_model": "starter"}, started=time.time() - 3600)
+    store.log_metrics("killed", 3, {"loss": 1.0}, timestamp=time.time() - 3500)
+    store.create_run("alive", {})
+    (runs_dir / "killed").mkdir()
+    store.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(open_server.url + "/")
+        page.wait_for_selector('tr[data-run="killed"]')
+        assert page.locator('tr[data-run="killed"] .pill').first.inner_text() == "lost"
+        page.goto(open_server.url + "/runs/killed")
+        page.wait_for_selector("html[data-ready]")
+        assert page.locator("#status").inner_text() == "lost"
+        assert "training process was killed" in page.locator("#progress-text").inner_text()
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.click("#delete-run")
+        page.wait_for_url(open_server.url + "/")
+        page.wait_for_selector('tr[data-run="alive"]')
+        assert page.locator('tr[data-run="killed"]').count() == 0
+        assert not (runs_dir / "killed").exists()
+        page.goto(open_server.url + "/runs/alive")  # a live run offers no delete button
+        page.wait_for_selector("html[data-ready]")
+        assert page.locator("#delete-run").is_hidden()
+    finally:
+        context.close()
+        open_server.shutdown()
+        open_server.server_close()
+        thread.join(5)

@@ -13,6 +13,11 @@ ops, the HTTP store posts them in batches, and the server checks a posted batch 
 | `note`     | `text` (string), `step` (int or null)                         |
 | `alarm`    | `kind` (string), `step`, `message` (string), `details` (object) |
 | `finish`   | `status` (`done` / `failed` / `stopped`), `summary` (object)  |
+| `heartbeat`| none: the training process is alive (sent every few seconds)  |
+
+A run whose status is ``running`` but whose last write (heartbeats included) is older than
+``LOST_AFTER_SECONDS`` is read back as ``lost``: the process that trained it was killed
+(SIGKILL, a crash, a lost machine) before it could write a final state.
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 
-STATUSES = ("running", "done", "failed", "stopped")
+STATUSES = ("running", "done", "failed", "stopped", "lost")
 FINISH_STATUSES = ("done", "failed", "stopped")
+#: how often a live run handle says it is alive
+HEARTBEAT_SECONDS = 15.0
+#: a running run silent for this long (six missed heartbeats) is read back as ``lost``
+LOST_AFTER_SECONDS = 90.0
 OP_FIELDS: dict[str, tuple[str, ...]] = {
     "create": ("config",),
     "metrics": ("step", "metrics"),
@@ -36,6 +45,7 @@ OP_FIELDS: dict[str, tuple[str, ...]] = {
     "note": ("text", "step"),
     "alarm": ("kind", "step", "message", "details"),
     "finish": ("status", "summary"),
+    "heartbeat": (),
 }
 
 MAX_RUN_NAME = 128
@@ -47,6 +57,10 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 class RunStoreError(PosttrainError, ValueError):
     """A run name, op or field the store cannot accept; the message says which and why."""
+
+
+class RunStillAlive(RunStoreError):
+    """The run is ``running`` with a fresh heartbeat, so it cannot be deleted yet."""
 
 
 def check_run_name(name: object) -> str:
@@ -203,6 +217,8 @@ def validate_op(op: Any, index: int = 0) -> dict[str, Any]:
         checked["step"] = _check_step(index, kind, op.get("step"), optional=True)
         checked["message"] = _check_text(index, kind, "message", op.get("message", ""))
         checked["details"] = _check_object(index, kind, "details", op.get("details"))
+    elif kind == "heartbeat":
+        pass  # the run name and time are all it carries
     else:  # finish
         status = op.get("status")
         if status not in FINISH_STATUSES:
@@ -269,6 +285,11 @@ class OpWriter:
         earlier summary (top-level keys, later wins)."""
         self.submit({"op": "finish", "run": name, "status": status,
                      "summary": to_jsonable(dict(summary or {})), "time": timestamp})
+
+    def heartbeat(self, name: str, timestamp: float | None = None) -> None:
+        """Say that the process writing run ``name`` is alive (a running run that stops
+        sending these is read back as ``lost``)."""
+        self.submit({"op": "heartbeat", "run": name, "time": timestamp})
 
     def close(self) -> None:
         """Release the store's resources (and, for HTTP, deliver what is queued)."""

@@ -9,6 +9,7 @@ from it. Endpoints (all JSON):
 | GET    | `/api/runs`                  | the run list                                    |
 | GET    | `/api/runs/<name>`           | one run: config, summary, progress, notes, alarms |
 | GET    | `/api/runs/<name>/metrics`   | `?names=a,b&max_points=2000&after=<step>`       |
+| POST   | `/api/runs/<name>/delete`    | `{"force": false}`; bearer token; 409 while alive |
 
 Routing is a table of (method, path regex, handler); the dashboard adds its pages with
 ``server.add_route``. A handler gets a ``Request`` and returns a ``Response``; raising
@@ -32,7 +33,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from posttrain.http_guard import foreign_request
 from posttrain.jsonl import strict_json_loads
-from posttrain.runs.ops import RunStoreError, check_run_name, to_jsonable
+from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name, to_jsonable
+from posttrain.runs.removal import NoSuchRun, delete_run
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -298,6 +300,21 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
             raise HttpError(404, f"no run named {request.match['name']!r}")
         return json_response(run)
 
+    def delete(request: Request) -> Response:
+        server.check_token(request)
+        payload = request.json() if request.body else {}
+        if not isinstance(payload, dict) or not isinstance(payload.get("force", False), bool):
+            raise HttpError(400, 'expected a JSON object {"force": true|false}')
+        try:
+            deleted = delete_run(store, store.path.parent, _run_name(request),
+                                 force=payload.get("force", False))
+        except NoSuchRun as error:
+            raise HttpError(404, str(error)) from None
+        except RunStillAlive as error:
+            raise HttpError(409, str(error)) from None
+        return json_response({"ok": True, "deleted": deleted.name, "record": deleted.record,
+                              "folder": deleted.folder is not None})
+
     def get_metrics(request: Request) -> Response:
         name = _run_name(request)
         available = store.metric_names(name)
@@ -316,6 +333,7 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         ("GET", r"/api/runs", list_runs),
         ("GET", r"/api/runs/(?P<name>[^/]+)", get_run),
         ("GET", r"/api/runs/(?P<name>[^/]+)/metrics", get_metrics),
+        ("POST", r"/api/runs/(?P<name>[^/]+)/delete", delete),
     ]
 
 

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.runs.downsample import min_max_indices
-from posttrain.runs.ops import OpWriter, RunStoreError, check_run_name, validate_ops
+from posttrain.runs.ops import (
+    LOST_AFTER_SECONDS,
+    OpWriter,
+    RunStillAlive,
+    RunStoreError,
+    check_run_name,
+    validate_ops,
+)
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -95,13 +102,16 @@ class SqliteRunStore(OpWriter):
     """Run store on one SQLite file; safe for one writer and many readers across processes.
 
     Write methods come from ``OpWriter`` (``create_run``, ``log_metrics``, ...); each
-    commits before returning. Read methods (``list_runs``, ``get_run``,
+    commits before returning. A ``running`` run whose last write is older than
+    ``lost_after_seconds`` is read back with status ``lost`` (its writer sends heartbeats,
+    so silence means the process is gone). Read methods (``list_runs``, ``get_run``,
     ``metric_names``, ``metric_series``) open a short-lived connection per call, so the
     object can be shared by a threaded HTTP server.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, lost_after_seconds: float = LOST_AFTER_SECONDS) -> None:
         self.path = Path(path)
+        self.lost_after_seconds = lost_after_seconds
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._writer = self._connect()
@@ -164,7 +174,10 @@ class SqliteRunStore(OpWriter):
                     cursor.execute("INSERT INTO ingested_batches (id, time) VALUES (?, ?)",
                                    (batch_id, now))
                 for op in checked:
-                    _apply_one(cursor, op, op["time"] if op["time"] is not None else now)
+                    # a heartbeat is stamped on arrival: liveness is judged by this clock,
+                    # whatever the sender's clock says
+                    stamped = op["time"] is not None and op["op"] != "heartbeat"
+                    _apply_one(cursor, op, op["time"] if stamped else now)
                 cursor.execute("COMMIT")
             except BaseException:
                 cursor.execute("ROLLBACK")
@@ -194,10 +207,12 @@ class SqliteRunStore(OpWriter):
                 " total_steps, eta FROM runs ORDER BY started DESC, name"
             ).fetchall()
         runs = []
+        now = time.time()
         for name, status, config, summary, started, updated, finished, step, total, eta in rows:
             config, summary = json.loads(config), json.loads(summary)
             runs.append({
-                "name": name, "status": status, "base_model": base_model(config),
+                "name": name, "status": self._status(status, updated, now),
+                "base_model": base_model(config),
                 "started": started, "updated": updated, "finished": finished,
                 "last_step": step, "total_steps": total, "eta": eta,
                 "headline_delta": headline_delta(summary), "verdict": _verdict(summary),
@@ -224,7 +239,8 @@ class SqliteRunStore(OpWriter):
             names = self._metric_names(connection, name)
         status, config, summary, started, updated, finished, step, total, eta = row
         return {
-            "name": name, "status": status, "config": json.loads(config),
+            "name": name, "status": self._status(status, updated, time.time()),
+            "config": json.loads(config),
             "summary": json.loads(summary), "started": started, "updated": updated,
             "finished": finished,
             "progress": {"step": step, "total": total, "eta": eta},
@@ -236,6 +252,46 @@ class SqliteRunStore(OpWriter):
             ],
             "metric_names": names,
         }
+
+    def _status(self, stored: str, updated: float | None, now: float) -> str:
+        # "lost" is never stored: a run that starts writing again reads "running" again
+        if stored == "running" and updated is not None and now - updated > self.lost_after_seconds:
+            return "lost"
+        return stored
+
+    def delete_run(self, name: str, *, force: bool = False) -> bool:
+        """Forget run ``name``: its record, curves, notes and alarms. Returns False when
+        there was no such run.
+
+        A run that is still alive (``running`` with a recent heartbeat) is refused with
+        ``RunStillAlive`` unless ``force``: its next write would bring it back half-empty.
+        The run folder on disk is not touched (``posttrain runs delete`` removes it too).
+        """
+        check_run_name(name)
+        with self._lock:
+            cursor = self._writer.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                row = cursor.execute(
+                    "SELECT status, updated FROM runs WHERE name = ?", (name,)
+                ).fetchone()
+                if row is None:
+                    cursor.execute("ROLLBACK")
+                    return False
+                if not force and self._status(row[0], row[1], time.time()) == "running":
+                    raise RunStillAlive(
+                        f"run {name!r} is still running (last heard from "
+                        f"{time.time() - (row[1] or 0):.0f} s ago); stop it first (Ctrl-C), "
+                        f"wait until it shows as lost, or force the deletion"
+                    )
+                for table in ("metrics", "metric_names", "notes", "alarms"):
+                    cursor.execute(f"DELETE FROM {table} WHERE run = ?", (name,))
+                cursor.execute("DELETE FROM runs WHERE name = ?", (name,))
+                cursor.execute("COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+        return True
 
     @staticmethod
     def _metric_names(connection: sqlite3.Connection, run: str) -> list[str]:
@@ -298,6 +354,11 @@ def _apply_one(cursor: sqlite3.Cursor, op: dict[str, Any], moment: float) -> Non
             " VALUES (?, ?, '{}', 'running', ?, ?)",
             (run, json.dumps(op["config"]), moment, moment),
         )
+        return
+    if kind == "heartbeat":
+        # only a live record is refreshed: a beat never resurrects a deleted or finished run
+        cursor.execute("UPDATE runs SET updated = max(coalesce(updated, 0), ?)"
+                       " WHERE name = ? AND status = 'running'", (moment, run))
         return
     _ensure_run(cursor, run, moment)
     if kind == "metrics":

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
@@ -31,6 +32,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 from posttrain.runs.http_store import HttpRunStore
 from posttrain.runs.ops import (
     FINISH_STATUSES,
+    HEARTBEAT_SECONDS,
     RunStoreError,
     check_run_name,
     clean_metrics,
@@ -81,6 +83,10 @@ class RunStore(Protocol):
         """Mark the run done / failed / stopped and merge ``summary`` into its summary."""
         ...
 
+    def heartbeat(self, name: str, timestamp: float | None = None) -> None:
+        """Say the run's writer is alive (silence reads back as status ``lost``)."""
+        ...
+
     def close(self) -> None:
         """Release resources, delivering anything queued."""
         ...
@@ -104,10 +110,15 @@ class RunHandle:
 
     Also a context manager: leaving the block finishes the run ``done``, or ``failed``
     (``stopped`` on Ctrl-C) with the error in the summary, unless it was finished inside.
+
+    Until it is finished, a background thread sends a heartbeat every ``heartbeat_seconds``
+    (None: none), so a run whose process was killed reads back as ``lost``, not as
+    ``running`` forever.
     """
 
     def __init__(self, name: str, store: RunStore, *, run_dir: str | os.PathLike | None = None,
-                 owns_store: bool = False) -> None:
+                 owns_store: bool = False,
+                 heartbeat_seconds: float | None = HEARTBEAT_SECONDS) -> None:
         self.name = check_run_name(name)
         self.store = store
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -118,6 +129,22 @@ class RunHandle:
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = (self.run_dir / METRICS_FILENAME).open("w", encoding="utf-8")
+        self._stop_beating = threading.Event()
+        self._beater: threading.Thread | None = None
+        self.start_heartbeat(heartbeat_seconds)
+
+    def start_heartbeat(self, interval: float | None) -> None:
+        """Send a heartbeat every ``interval`` seconds until the run is finished (None or 0:
+        no heartbeat; a second call while one beats changes nothing)."""
+        if interval is None or interval <= 0 or self._beater is not None or self.finished:
+            return
+        self._beater = threading.Thread(target=self._beat, args=(interval,), daemon=True,
+                                        name=f"posttrain-heartbeat-{self.name}")
+        self._beater.start()
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop_beating.wait(interval):
+            self._guard("send a heartbeat", self.store.heartbeat, None)
 
     @property
     def url(self) -> str | None:
@@ -180,6 +207,9 @@ class RunHandle:
                   f"status={status!r})", file=sys.stderr, flush=True)
             return
         self.finished = True
+        self._stop_beating.set()
+        if self._beater is not None:
+            self._beater.join(timeout=10)
         self._guard("finish", self.store.finish_run, summary or {}, status, None)
         if self._jsonl is not None:
             self._jsonl.close()
@@ -244,19 +274,24 @@ def _check_step(step: Any) -> None:
 
 def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None,
              run_dir: str | os.PathLike | None = None,
-             runs_root: str | os.PathLike = "runs") -> RunHandle:
+             runs_root: str | os.PathLike = "runs",
+             heartbeat_seconds: float | None = HEARTBEAT_SECONDS) -> RunHandle:
     """Start run ``name`` with its ``config`` and return the handle that writes it.
 
     ``store``: where to write; None picks ``default_store(runs_root)`` (the server named
     by ``POSTTRAIN_SERVER``, else ``<runs_root>/posttrain.db``) and the handle closes it on
-    ``finish``. ``run_dir``: the run folder, which gets ``metrics.jsonl``. An earlier run of
-    the same name in the store is replaced. Raises ``RunStoreError`` for a name that could
-    escape the runs folder (``../x``, ``a/b``, ``.hidden``).
+    ``finish``. ``run_dir``: the run folder, which gets ``metrics.jsonl``.
+    ``heartbeat_seconds``: how often the handle says the run is alive (None: never). An
+    earlier run of the same name in the store is replaced. Raises ``RunStoreError`` for a
+    name that could escape the runs folder (``../x``, ``a/b``, ``.hidden``).
     """
     check_run_name(name)
     owns_store = store is None
     if store is None:
         store = default_store(runs_root)
-    handle = RunHandle(name, store, run_dir=run_dir, owns_store=owns_store)
+    # created before the heartbeat thread starts: a beat never precedes the create
+    handle = RunHandle(name, store, run_dir=run_dir, owns_store=owns_store,
+                       heartbeat_seconds=None)
     handle._guard("create the run", store.create_run, dict(config), None)
+    handle.start_heartbeat(heartbeat_seconds)
     return handle

@@ -51,6 +51,21 @@ export function serverNow() {
   return Date.now() / 1000 + clock.offset;
 }
 
+/** POST a JSON body; resolves to {status, data} like getJSON. */
+export async function postJSON(url, body) {
+  const response = await fetch(url, {
+    method: "POST", cache: "no-store",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (error) {
+    data = { error: `not JSON (HTTP ${response.status})` };
+  }
+  return { status: response.status, data };
+}
+
 /** GET a JSON document; resolves to {status, data}. Network failures reject. */
 export async function getJSON(url) {
   const response = await fetch(url, { cache: "no-store" });
@@ -147,21 +162,17 @@ export function fmtDate(epochSeconds) {
 
 // --- run status and verdict words -----------------------------------------------------------
 
-/** A running run with no write for this many seconds is shown as stalled. */
-export const STALLED_AFTER_SECONDS = 120;
-
-/** {label, cls, title} for a run's status; a silent running run reads "stalled?". */
+/** {label, cls, title} for a run's status. "lost" comes from the server: the run is still
+ * marked running but its process stopped sending heartbeats (killed, crashed). */
 export function statusInfo(run) {
   const status = run.status || "running";
-  if (status === "running" && isNumber(run.updated)) {
-    const silent = serverNow() - run.updated;
-    if (silent > STALLED_AFTER_SECONDS) {
-      return {
-        label: "stalled?", cls: "status-stalled",
-        title: `still marked running, but nothing was written for ${fmtDuration(silent)}: ` +
-          "the training process may have died",
-      };
-    }
+  if (status === "lost") {
+    const silent = isNumber(run.updated) ? ` for ${fmtDuration(serverNow() - run.updated)}` : "";
+    return {
+      label: "lost", cls: "status-lost",
+      title: `never finished, and no heartbeat${silent}: the training process was killed ` +
+        "or crashed before it could write a final state",
+    };
   }
   return { label: status, cls: `status-${status}`, title: "" };
 }

@@ -10,7 +10,8 @@
 
 import { ChartGroup, LineChart } from "./chart.js";
 import {
-  fill, fmtAgo, fmtDate, fmtDuration, fmtInt, getJSON, h, isNumber, serverNow, statusInfo,
+  fill, fmtAgo, fmtDate, fmtDuration, fmtInt, getJSON, h, isNumber, postJSON, serverNow,
+  statusInfo,
   statusPill,
 } from "./common.js";
 import { categoryTable, configTable, forestPlot, headline, pairReport, statsTable, timingsTable } from "./results.js";
@@ -235,14 +236,15 @@ function renderProgress(run) {
   const parts = [h("b", {}, `step ${fmtInt(step)}`),
     isNumber(total) ? ` / ${fmtInt(total)} (${Math.round(share * 100)}%)` : ""];
   const elapsed = (isNumber(run.finished) ? run.finished : serverNow()) - run.started;
-  const stalled = statusInfo(run).cls === "status-stalled";
   if (run.status === "running") {
-    if (isNumber(progress.eta) && isNumber(run.updated) && !stalled) {
+    if (isNumber(progress.eta) && isNumber(run.updated)) {
       const left = Math.max(0, progress.eta - (serverNow() - run.updated));
       parts.push(" · ETA ", h("b", { id: "eta" }, fmtDuration(left)));
     }
-    parts.push(` · elapsed ${fmtDuration(elapsed)} · last write ${fmtAgo(run.updated)}`);
-    if (stalled) parts.push(h("div", { className: "text-down" }, statusInfo(run).title));
+    parts.push(` · elapsed ${fmtDuration(elapsed)} · last heard from ${fmtAgo(run.updated)}`);
+  } else if (run.status === "lost") {
+    parts.push(` · last heard from ${fmtAgo(run.updated)}`);
+    parts.push(h("div", { className: "text-down" }, statusInfo(run).title));
   } else {
     parts.push(` · ${run.status} ${fmtDate(run.finished)} after ${fmtDuration(elapsed)}`);
   }
@@ -310,6 +312,8 @@ async function refreshSamples() {
 function renderRun() {
   const run = state.run;
   fill($("status"), statusPill(run));
+  // a live run cannot be deleted (its next write would bring it back half-empty)
+  $("delete-run").hidden = run.status === "running";
   $("headline-panel").hidden = false;
   $("progress-panel").hidden = false;
   $("curves-panel").hidden = false;
@@ -340,6 +344,19 @@ async function loadCompareChoices() {
   fill(select, h("option", { value: "" }, others.length ? "no other run" : "no other runs yet"),
     others.map((run) => h("option", { value: run.name, selected: run.name === state.compare },
       `${run.name} (${run.status})`)));
+}
+
+async function deleteRun() {
+  const what = state.run.status === "lost" ? "this lost run" : "this run";
+  if (!window.confirm(`Delete ${what} (${state.name}): its record, curves and run folder? ` +
+    "This cannot be undone.")) return;
+  const { status, data } = await postJSON(
+    `/api/runs/${encodeURIComponent(state.name)}/delete`, { force: false });
+  if (status === 200) {
+    window.location.assign("/");
+  } else {
+    window.alert(`Not deleted: ${data.error || `HTTP ${status}`}`);
+  }
 }
 
 async function setCompare(name) {
@@ -440,6 +457,7 @@ function setupControls() {
   };
   reset.addEventListener("click", () => group.setXRange(null));
   $("compare-select").addEventListener("change", (event) => setCompare(event.target.value));
+  $("delete-run").addEventListener("click", deleteRun);
   $("compare-select").addEventListener("focus", loadCompareChoices);
   document.addEventListener("visibilitychange", () => { if (!document.hidden) tick(); });
 }

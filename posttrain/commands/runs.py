@@ -1,0 +1,126 @@
+"""``posttrain runs list|delete``: the runs recorded under a runs folder, from the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from posttrain.errors import PosttrainError
+from posttrain.runs.folder import runs_root
+from posttrain.runs.store import DB_FILENAME
+
+RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "runs",
+        help="list the recorded runs; delete one",
+        description="The runs recorded in <runs>/posttrain.db, the store the dashboard reads. "
+        "A run still marked running whose process stopped sending heartbeats (killed, "
+        "crashed, machine lost) is listed as 'lost'.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    listing = actions.add_parser(
+        "list", help="every run, newest first: status, progress, verdict",
+        description="Every run in the store, newest first: status (running, done, failed, "
+        "stopped or lost), steps, verdict and paired delta, base model, start time.",
+    )
+    listing.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
+    listing.set_defaults(func=run_list)
+
+    delete = actions.add_parser(
+        "delete", help="delete a run's record and its run folder",
+        description="Delete runs from the store and remove their folders under the runs "
+        "folder. A run that is still running (fresh heartbeat) is refused unless --force: "
+        "stop it first, or wait until it is listed as lost.",
+    )
+    delete.add_argument("names", nargs="+", metavar="NAME", help="run name(s) to delete")
+    delete.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    delete.add_argument("--force", action="store_true",
+                        help="delete even a run that still sends heartbeats")
+    delete.set_defaults(func=run_delete)
+
+
+def _store(runs_dir: str | None):
+    """The runs folder and its store; None for the store when nothing was ever recorded
+    (a listing must not create an empty database as a side effect)."""
+    from posttrain.runs.sqlite_store import SqliteRunStore
+
+    root = runs_root(runs_dir)
+    path = root / DB_FILENAME
+    return root, (SqliteRunStore(path) if path.is_file() else None)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    root, store = _store(args.runs_dir)
+    runs = []
+    if store is not None:
+        with store:
+            runs = store.list_runs()
+    if args.json:
+        print(json.dumps({"runs_dir": str(root), "runs": runs}, indent=2, allow_nan=False))
+        return 0
+    if not runs:
+        print(f"no runs recorded under {root}")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runs in {root}", title_justify="left")
+    for column in ("run", "status", "steps", "verdict", "delta", "base model", "started"):
+        table.add_column(column, justify="right" if column in ("steps", "delta") else "left")
+    for run in runs:
+        table.add_row(run["name"], _status_text(run), _steps(run), run["verdict"] or "–",
+                      _signed(run["headline_delta"]), run["base_model"] or "–",
+                      _when(run["started"]))
+    Console().print(table)
+    return 0
+
+
+def _status_text(run: dict[str, Any]) -> str:
+    if run["status"] == "lost" and run["updated"] is not None:
+        return f"lost (silent {_duration(time.time() - run['updated'])})"
+    return run["status"]
+
+
+def _steps(run: dict[str, Any]) -> str:
+    step, total = run["last_step"], run["total_steps"]
+    if step is None:
+        return "–"
+    return f"{step}/{total}" if total else str(step)
+
+
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.3f}"
+
+
+def _when(epoch: float | None) -> str:
+    return "–" if epoch is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    from posttrain.runs.removal import delete_run
+
+    root, store = _store(args.runs_dir)
+    if store is None:
+        raise PosttrainError(f"no run store at {root / DB_FILENAME}: no run has been recorded "
+                             f"under {root} (pass --runs-dir or set $POSTTRAIN_RUNS)")
+    with store:
+        for name in args.names:
+            print(delete_run(store, root, name, force=args.force).describe())
+    return 0

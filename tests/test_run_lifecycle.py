@@ -1,0 +1,202 @@
+"""A run's life after its process: heartbeats, the `lost` state, and deleting a run.
+
+Real components throughout: a real SQLite file, a real training-like process killed with
+SIGKILL, the real `posttrain runs` CLI and a real run server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.runs.ops import LOST_AFTER_SECONDS, RunStillAlive
+from posttrain.runs.server import serve, start_in_thread
+from posttrain.runs.sqlite_store import SqliteRunStore
+from posttrain.runs.store import open_run
+
+
+def status_of(store: SqliteRunStore, name: str) -> str:
+    statuses = {run["name"]: run["status"] for run in store.list_runs()}
+    single = store.get_run(name)
+    assert single is not None and single["status"] == statuses[name]  # both reads agree
+    return statuses[name]
+
+
+def test_a_live_handle_heartbeats_and_a_silent_run_reads_lost_until_it_speaks(tmp_path):
+    store = SqliteRunStore(tmp_path / "posttrain.db", lost_after_seconds=0.6)
+    beating = open_run("beating", {}, store=store, heartbeat_seconds=0.1)
+    silent = open_run("silent", {}, store=store, heartbeat_seconds=None)
+    time.sleep(1.2)
+    assert status_of(store, "beating") == "running"
+    assert status_of(store, "silent") == "lost"
+    store.heartbeat("silent")  # a process that wakes up (SIGCONT) is running again
+    assert status_of(store, "silent") == "running"
+    beating.finish({"delta": 0.1})
+    silent.finish(status="stopped")
+    time.sleep(0.8)  # finished runs never turn lost
+    assert status_of(store, "beating") == "done" and status_of(store, "silent") == "stopped"
+    store.close()
+
+
+def test_a_heartbeat_never_resurrects_a_finished_or_deleted_run(tmp_path):
+    store = SqliteRunStore(tmp_path / "posttrain.db")
+    store.create_run("finished", {})
+    store.finish_run("finished", {}, "done")
+    store.heartbeat("finished")
+    store.heartbeat("never-created")
+    assert [(run["name"], run["status"]) for run in store.list_runs()] == [("finished", "done")]
+    store.close()
+
+
+KILLED_WRITER = """
+import sys, time
+from posttrain.runs.store import open_run
+run = open_run("killed", {"recipe": "grpo"}, runs_root=sys.argv[1], heartbeat_seconds=0.2)
+run.log(1, {"loss": 1.0})
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_training_process_leaves_a_run_that_reads_lost(tmp_path):
+    runs_dir = tmp_path / "runs"
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN")}
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(runs_dir)],
+                              stdout=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        store = SqliteRunStore(runs_dir / "posttrain.db", lost_after_seconds=1.5)
+        time.sleep(2.0)  # longer than lost_after: only the heartbeats keep it running
+        assert status_of(store, "killed") == "running"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(10)
+    time.sleep(2.0)
+    assert status_of(store, "killed") == "lost"
+    assert store.get_run("killed")["progress"]["step"] == 1  # what it logged is still there
+    store.close()
+
+
+def stale_run(store: SqliteRunStore, name: str) -> None:
+    """A run created long ago that never wrote again: lost under the default threshold."""
+    store.create_run(name, {"base_model": "starter"}, started=time.time() - 10 * LOST_AFTER_SECONDS)
+
+
+def test_runs_list_shows_lost_runs_and_prints_json(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one table row per line
+    runs_dir = tmp_path / "runs"
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        stale_run(store, "old")
+        store.create_run("live", {})
+    assert main(["runs", "list", "--runs-dir", str(runs_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "lost (silent 15 min)" in table and "running" in table
+    assert main(["runs", "list", "--runs-dir", str(runs_dir), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {run["name"]: run["status"] for run in listed["runs"]} == {
+        "old": "lost", "live": "running"}
+
+
+def test_runs_list_on_an_empty_folder_creates_nothing(tmp_path, capsys):
+    assert main(["runs", "list", "--runs-dir", str(tmp_path / "none")]) == 0
+    assert "no runs recorded" in capsys.readouterr().out
+    assert not (tmp_path / "none").exists()
+
+
+def test_runs_delete_removes_the_record_and_the_folder_and_refuses_a_live_run(tmp_path, capsys):
+    runs_dir = tmp_path / "runs"
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        for name in ("done-run", "live-run"):
+            store.create_run(name, {})
+            store.log_metrics(name, 1, {"loss": 0.5})
+            (runs_dir / name).mkdir()
+            (runs_dir / name / "report.md").write_text("# report\n")
+        store.finish_run("done-run", {}, "done")
+
+    assert main(["runs", "delete", "done-run", "--runs-dir", str(runs_dir)]) == 0
+    assert "deleted run 'done-run'" in capsys.readouterr().out
+    assert not (runs_dir / "done-run").exists()
+
+    assert main(["runs", "delete", "live-run", "--runs-dir", str(runs_dir)]) == 2
+    error = capsys.readouterr().err
+    assert "still running" in error and "force" in error
+    assert (runs_dir / "live-run" / "report.md").exists()  # nothing removed
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        assert store.get_run("live-run")["metric_names"] == ["loss"]
+        assert store.get_run("done-run") is None
+        assert store.metric_series("done-run", "loss")["count"] == 0  # curves went too
+
+    assert main(["runs", "delete", "live-run", "--force", "--runs-dir", str(runs_dir)]) == 0
+    assert main(["runs", "delete", "nosuch", "--runs-dir", str(runs_dir)]) == 2
+    assert "no run named 'nosuch'" in capsys.readouterr().err
+    assert main(["runs", "delete", "../escape", "--runs-dir", str(runs_dir)]) == 2
+    assert "not allowed" in capsys.readouterr().err
+
+
+def test_deleting_a_symlinked_run_folder_removes_the_link_not_its_target(tmp_path):
+    runs_dir = tmp_path / "runs"
+    elsewhere = tmp_path / "keep-me"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("x")
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        stale_run(store, "linked")
+    (runs_dir / "linked").symlink_to(elsewhere, target_is_directory=True)
+    assert main(["runs", "delete", "linked", "--runs-dir", str(runs_dir)]) == 0
+    assert not (runs_dir / "linked").exists() and (elsewhere / "precious.txt").exists()
+
+
+def test_the_store_refuses_to_delete_a_run_that_still_beats(tmp_path):
+    with SqliteRunStore(tmp_path / "posttrain.db") as store:
+        store.create_run("alive", {})
+        with pytest.raises(RunStillAlive, match="still running"):
+            store.delete_run("alive")
+        assert store.delete_run("alive", force=True) is True
+        assert store.delete_run("alive") is False
+
+
+def post(server, path: str, body: object, token: str | None = "tok",
+         content_type: str = "application/json") -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+    headers = {"Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    connection.request("POST", path, json.dumps(body).encode(), headers)
+    response = connection.getresponse()
+    answer = json.loads(response.read() or b"{}")
+    connection.close()
+    return response.status, answer
+
+
+def test_the_delete_endpoint_checks_token_content_type_and_liveness(tmp_path):
+    runs_dir = tmp_path / "runs"
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        stale_run(store, "old")
+        store.create_run("live", {})
+    (runs_dir / "old").mkdir()
+    server = serve(runs_dir / "posttrain.db", port=0, token="tok")
+    thread = start_in_thread(server)
+    try:
+        assert post(server, "/api/runs/old/delete", {}, token=None)[0] == 401
+        assert post(server, "/api/runs/old/delete", {}, content_type="text/plain")[0] == 415
+        assert post(server, "/api/runs/old/delete", {"force": "yes"})[0] == 400
+        status, answer = post(server, "/api/runs/live/delete", {})
+        assert status == 409 and "still running" in answer["error"]
+        assert post(server, "/api/runs/nosuch/delete", {})[0] == 404
+        status, answer = post(server, "/api/runs/old/delete", {})
+        assert status == 200 and answer == {"ok": True, "deleted": "old", "record": True,
+                                            "folder": True}
+        assert not (runs_dir / "old").exists()
+        assert [run["name"] for run in server.store.list_runs()] == ["live"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
