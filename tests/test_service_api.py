@@ -627,3 +627,42 @@ def test_a_refused_step_leaves_the_adapter_and_the_optimizer_as_they_were(policy
 def test_requests_a_foreign_page_could_forge_are_refused(server, headers, status, fragment):
     answer_status, answer = raw(server, "POST", "/sessions", {}, headers=headers)
     assert answer_status == status and fragment in answer["error"]["message"]
+
+
+def test_finished_operations_are_forgotten_after_the_retention_time(policy, tmp_path,
+                                                                     one_torch_thread):
+    """A long-lived server must not keep every result forever: after
+    ``operation_retention_s`` an operation is dropped (404 that says why), and a retry of
+    its seq is refused, never executed twice."""
+    engine = Engine(BASE, tmp_path / "state", policy=policy, reap_interval_s=0.05,
+                    limits=Limits(operation_retention_s=0.3), torch_threads=one_torch_thread)
+    running = start_server(engine, port=0)
+    try:
+        client = ServiceClient(running.url)
+        with client.create_session() as opened:
+            run = opened.create_run(rank=4)
+            body = {"seq": 1, "version": 0}
+            status, first = raw(running, "POST", f"/runs/{run.id}/save_weights_for_sampler",
+                                body)
+            assert status == 202
+            done = raw(running, "GET", f"/operations/{first['operation_id']}?wait=30")[1]
+            assert done["status"] == "succeeded"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the reaper runs every 0.05 s
+                status, answer = raw(running, "GET", f"/operations/{first['operation_id']}")
+                if status == 404:
+                    break
+                time.sleep(0.1)
+            assert status == 404 and "kept for 0.3 s" in answer["error"]["message"]
+            status, answer = raw(running, "POST", f"/runs/{run.id}/save_weights_for_sampler",
+                                 body)
+            assert status == 409 and "already executed" in answer["error"]["message"]
+            assert engine.get_run(run.id)["sampler_versions"] == [0]  # saved once
+            # the run goes on: the next seq works as before
+            status, second = raw(running, "POST", f"/runs/{run.id}/save_weights_for_sampler",
+                                 {"seq": 2, "version": 1})
+            assert status == 202
+            done = raw(running, "GET", f"/operations/{second['operation_id']}?wait=30")[1]
+            assert done["status"] == "succeeded"
+    finally:
+        running.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
@@ -47,6 +48,11 @@ class ServeSettings:
             "a busy machine with few cores)"
         },
     )
+    operation_retention: float = field(
+        default=600.0,
+        metadata={"help": "seconds a finished operation and its result stay retrievable, "
+                  "then they are dropped from memory (a retry of its seq gets 409)"},
+    )
     quiet: bool = field(default=False, metadata={"help": "do not log each request"})
 
 
@@ -63,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from posttrain.service.api import serve
+    from posttrain.service.requests import Limits
 
     settings = settings_from_args(ServeSettings, args)
     # refused before the model loads (a bad port was a traceback from bind())
@@ -70,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise PosttrainError(f"--port must be between 0 and 65535, got {settings.port}")
     if settings.torch_threads is not None and settings.torch_threads < 1:
         raise PosttrainError(f"--torch-threads must be at least 1, got {settings.torch_threads}")
+    if not (math.isfinite(settings.operation_retention) and settings.operation_retention > 0):
+        raise PosttrainError("--operation-retention must be a positive number of seconds, "
+                             f"got {settings.operation_retention}")
     serve(
         settings.base_model,
         host=settings.host,
@@ -78,5 +88,6 @@ def run(args: argparse.Namespace) -> int:
         state_dir=settings.state_dir,
         verbose=not settings.quiet,
         torch_threads=settings.torch_threads,
+        limits=Limits(operation_retention_s=settings.operation_retention),
     )
     return 0

@@ -52,6 +52,7 @@ from posttrain.service.errors import (
     TooLarge,
     Unauthorized,
 )
+from posttrain.service.requests import Limits
 
 PREFIX = "/v1/training"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -311,10 +312,12 @@ def serve(
     *,
     verbose: bool = True,
     torch_threads: int | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Load ``base_model`` and serve the primitives until Ctrl-C (blocking)."""
     check_bind(host, token)
-    engine = Engine(base_model, state_dir or default_state_dir(), torch_threads=torch_threads)
+    engine = Engine(base_model, state_dir or default_state_dir(), torch_threads=torch_threads,
+                    limits=limits)
     running = start_server(engine, host, port, token, verbose=verbose)
     dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]
     print(f"posttrain serve: {base_model} on {running.url}{PREFIX} (state in {engine.state_dir})",

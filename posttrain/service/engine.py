@@ -255,8 +255,29 @@ class Engine:
             if run is not None and not run.terminal:
                 run.cancel(why)
 
+    def forget_old_operations(self, now: float | None = None) -> int:
+        """Drop operations that finished more than ``limits.operation_retention_s`` ago
+        (results included) from memory; returns how many went. Without this a long-lived
+        server keeps every sample it ever returned."""
+        cutoff = (time.time() if now is None else now) - self.limits.operation_retention_s
+        with self._lock:
+            runs = list(self._runs.values())
+        forgotten = [op for run in runs if run.queue is not None
+                     for op in run.queue.forget_finished(cutoff)]
+        with self._lock:
+            for op in forgotten:
+                self._operations.pop(op.id, None)
+            # operations of queues that are gone (a run whose worker stopped) age out too
+            for op_id, op in list(self._operations.items()):
+                if op.terminal and op.finished_at is not None and op.finished_at < cutoff:
+                    del self._operations[op_id]
+                    forgotten.append(op)
+        return len(forgotten)
+
     def reap(self) -> list[str]:
-        """Expire sessions whose heartbeat lapsed and cancel their runs; returns their ids."""
+        """Expire sessions whose heartbeat lapsed and cancel their runs; returns their ids.
+        Also forgets operations older than the retention limit."""
+        self.forget_old_operations()
         now = self._clock()
         reaped = []
         with self._lock:
@@ -435,7 +456,10 @@ class Engine:
         with self._lock:
             operation = self._operations.get(operation_id)
         if operation is None:
-            raise NotFound(f"no operation {operation_id!r}")
+            raise NotFound(
+                f"no operation {operation_id!r} (a finished operation is kept for "
+                f"{self.limits.operation_retention_s:g} s, then forgotten)"
+            )
         if wait_s > 0 and not operation.terminal:
             operation.done.wait(min(wait_s, self.limits.max_wait_s))
         return operation.to_json()

@@ -180,6 +180,18 @@ class OrderedQueue:
                 counts[op.status] = counts.get(op.status, 0) + 1
             return counts
 
+    def forget_finished(self, finished_before: float) -> list[Operation]:
+        """Drop executed operations that ended before ``finished_before`` (epoch seconds);
+        returns them. A retry of a forgotten ``seq`` then gets a ``Conflict`` ("already
+        executed"), never a second execution."""
+        with self._lock:
+            old = [op for seq, op in self._by_seq.items()
+                   if seq < self._next_seq and op.terminal and op.finished_at is not None
+                   and op.finished_at < finished_before]
+            for op in old:
+                del self._by_seq[op.seq]
+            return old
+
     def waiting_for(self) -> int | None:
         """The missing ``seq`` that holds queued later ones back, if any."""
         with self._lock:

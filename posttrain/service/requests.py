@@ -44,6 +44,10 @@ class Limits:
     max_seq_ahead: int = field(
         default=1024, metadata={"help": "how far a sequence number may run ahead of execution"}
     )
+    operation_retention_s: float = field(
+        default=600.0,
+        metadata={"help": "how long a finished operation and its result stay retrievable"},
+    )
 
     def to_json(self) -> dict[str, Any]:
         """The limits as served by capabilities."""
