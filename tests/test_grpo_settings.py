@@ -253,3 +253,50 @@ def test_a_step_larger_than_the_train_side_is_refused_before_the_model_loads(tmp
     assert code == 2
     assert "needs 12500000 train prompts a step" in capsys.readouterr().err
     assert not runs.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--seed", "-1"), ("--seed", "4294967296"), ("--eval-seed", "-3"), ("--data-seed", "-1"),
+])
+def test_a_seed_numpy_cannot_take_is_refused_before_anything_is_written(flag, value, tmp_path,
+                                                                        capsys):
+    # transformers' set_seed would raise inside the trainer, after the model loaded
+    from posttrain.cli import main
+
+    runs = tmp_path / "runs"
+    assert main(["grpo", flag, value, "--runs-dir", str(runs)]) == 2
+    assert f"{flag} must be an integer from 0 to 2**32 - 1, got {value}" in (
+        capsys.readouterr().err)
+    assert not runs.exists()
+
+
+def test_every_numeric_flag_refuses_nan_infinity_and_negatives_before_the_model_loads():
+    """The audit: every float flag of both recipes refuses nan, inf and -1, and every
+    integer flag refuses -1, in the recipe's one check (nothing loads first)."""
+    import dataclasses
+    import typing
+
+    from posttrain.errors import PosttrainError
+    from posttrain.train.dpo import DPOSettings, check_dpo_settings
+    from posttrain.train.grpo import GRPOSettings, check_grpo_settings
+    from posttrain.train.settings import check_recipe_settings
+
+    for settings_class, check in ((GRPOSettings, check_grpo_settings),
+                                  (DPOSettings, check_dpo_settings)):
+        hints = typing.get_type_hints(settings_class)
+        checked = 0
+        for field in dataclasses.fields(settings_class):
+            kind = hints[field.name]
+            if kind in (float, float | None):
+                bad = [float("nan"), float("inf"), -1.0]
+            elif kind in (int, int | None):
+                bad = [-1]
+            else:
+                continue
+            for value in bad:
+                settings = dataclasses.replace(settings_class(), **{field.name: value})
+                with pytest.raises(PosttrainError, match=field.name.replace("_", "-")):
+                    check_recipe_settings(settings)
+                    check(settings)
+                checked += 1
+        assert checked >= 20, f"{settings_class.__name__}: only {checked} flag values checked"

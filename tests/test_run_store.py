@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,3 +279,20 @@ def test_both_back_ends_refuse_a_bad_op_at_the_call(store):
         assert remote.pending == 0  # nothing queued that would poison a batch
     finally:
         remote.close()
+
+
+@pytest.mark.parametrize(("op", "fragment"), [
+    ({"op": ["create"], "run": "r", "config": {}}, "unknown op"),  # was a TypeError
+    ({"op": "create", "run": "r", "config": {"a": {"b": [1.0, float("nan")]}}},
+     "'config': a: b: [1]: nan is not a finite number"),
+    ({"op": "finish", "run": "r", "status": "done", "summary": {"x": float("inf")}},
+     "'summary': x: inf is not a finite number"),
+    ({"op": "alarm", "run": "r", "kind": "hack", "step": 1, "message": "m",
+      "details": {1: "x"}}, "key 1 is not a string"),
+])
+def test_ops_that_cannot_be_stored_as_strict_json_are_refused(store, op, fragment):
+    from posttrain.runs.ops import RunStoreError
+
+    with pytest.raises(RunStoreError, match=re.escape(fragment)):
+        store.apply([op])
+    assert store.list_runs() == []

@@ -74,27 +74,43 @@ class PreparedData:
         return "\n".join(lines)
 
 
+#: the seeds numpy (and so transformers' set_seed) accepts
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(flag: str, value: object) -> None:
+    """Refuse a seed numpy cannot take (it would stop a run after the model loaded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise PosttrainError(f"{flag} must be an integer from 0 to 2**32 - 1, got {value}")
+
+
+def check_data_config(config: DataConfig) -> None:
+    """Refuse data flags no split can use, before anything loads or is written."""
+    if not (math.isfinite(config.balance) and 0 <= config.balance < 1):
+        raise PosttrainError(f"--balance must be a share in [0, 1), got {config.balance}")
+    if not config.prompts_file and config.prompts < 1:
+        raise PosttrainError(f"--prompts must be at least 1, got {config.prompts}")
+    if not 0.0 < config.holdout < 1.0:
+        raise PosttrainError(f"--holdout must be between 0 and 1, got {config.holdout}")
+    check_seed("--data-seed", config.seed)
+
+
 def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     """Build or load the prompt set, split a holdout by scenario, balance the train side.
 
-    Raises ``PosttrainError`` when the holdout or the train side comes out empty,
-    naming the flag to change.
+    Raises ``PosttrainError`` for a flag out of range (``check_data_config``) and when
+    the holdout or the train side comes out empty, naming the flag to change.
     """
-    if not (math.isfinite(config.balance) and 0 <= config.balance < 1):
-        raise PosttrainError(f"--balance must be a share in [0, 1), got {config.balance}")
+    check_data_config(config)
     if config.prompts_file:
         records = load_prompts(config.prompts_file, env=env)
         source = f"{config.prompts_file} ({len(records)} prompts)"
     else:
-        if config.prompts < 1:
-            raise PosttrainError(f"--prompts must be at least 1, got {config.prompts}")
         write_prompts = env_hook(env, "write_prompts", "writes no prompts",
                                  "give --prompts-file")
         records = write_prompts(config.prompts, seed=config.seed)
         source = f"template simulator, {config.prompts} situations, seed {config.seed}"
     stratify = bool(config.prompts_file) if config.stratify is None else config.stratify
-    if not 0.0 < config.holdout < 1.0:
-        raise PosttrainError(f"--holdout must be between 0 and 1, got {config.holdout}")
     if stratify:
         if not any(
             len({r["scenario_id"] for r in records if r["category"] == name}) >= 2

@@ -161,11 +161,44 @@ def _check_number(index: int, op: str, field: str, value: Any) -> float | None:
     return float(value)
 
 
+#: how deep a config, summary or alarm details may nest (JSON readers recurse)
+MAX_DEPTH = 64
+
+
+def _json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` cannot be stored as strict JSON (a non-finite number, a key that is
+    not a string, nesting too deep, a type JSON does not have), or None."""
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    if value is None or isinstance(value, (bool, str, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a finite number"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"key {key!r} is not a string"
+            problem = _json_problem(item, depth + 1)
+            if problem:
+                return f"{key}: {problem}" if depth < 8 else problem
+        return None
+    if isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            problem = _json_problem(item, depth + 1)
+            if problem:
+                return f"[{position}]: {problem}" if depth < 8 else problem
+        return None
+    return f"{type(value).__name__} is not a JSON value"
+
+
 def _check_object(index: int, op: str, field: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise _field_error(index, op, field, f"expected an object, got {type(value).__name__}")
+    problem = _json_problem(value)
+    if problem:  # stored as text and served to browsers: strict JSON only (no NaN)
+        raise _field_error(index, op, field, problem)
     return value
 
 
@@ -182,7 +215,7 @@ def validate_op(op: Any, index: int = 0) -> dict[str, Any]:
     if not isinstance(op, dict):
         raise RunStoreError(f"op {index}: expected an object, got {type(op).__name__}")
     kind = op.get("op")
-    if kind not in OP_FIELDS:
+    if not isinstance(kind, str) or kind not in OP_FIELDS:  # a list here was a TypeError
         raise RunStoreError(f"op {index}: unknown op {kind!r}; expected one of {list(OP_FIELDS)}")
     try:
         run = check_run_name(op.get("run"))

@@ -430,26 +430,11 @@ class Engine:
         return operation.to_json(), created
 
     def _parse(self, primitive: str, body: Any) -> Any:
-        vocab, limits = self.vocab_size, self.limits
-        if primitive == "forward_backward":
-            return requests.parse_forward_backward(body, vocab, limits)
-        if primitive == "forward":
-            return requests.parse_forward_backward(body, vocab, limits, backward=False)
-        if primitive == "optim_step":
-            return requests.parse_optim_step(body)
-        if primitive == "sample":
-            return requests.parse_sample(body, vocab, limits)
-        if primitive == "logprobs":
-            return requests.parse_logprobs(body, vocab, limits)
-        if primitive == "save_weights_for_sampler":
-            return requests.parse_save_weights(body)
-        if primitive in ("save_state", "export_lora"):
-            return requests.parse_state_name(body)
-        if primitive == "load_state":
-            return requests.parse_state_name(body, allow_run_id=True)
-        if primitive == "finish":
-            return requests.parse_finish(body)
-        raise NotFound(f"no primitive {primitive!r}; the primitives are {', '.join(PRIMITIVES)}")
+        if primitive not in PRIMITIVES:
+            raise NotFound(
+                f"no primitive {primitive!r}; the primitives are {', '.join(PRIMITIVES)}"
+            )
+        return requests.parse_primitive(primitive, body, self.vocab_size, self.limits)
 
     def get_operation(self, operation_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """An operation's state; waits up to ``wait_s`` (capped) for it to end."""

@@ -427,6 +427,30 @@ def parse_finish(body: Any) -> Finish:
     return Finish()
 
 
+def parse_primitive(primitive: str, body: Any, vocab_size: int, limits: Limits) -> Any:
+    """The typed request of one primitive's body (what the engine queues). Raises
+    ``BadRequest`` / ``TooLarge`` naming the field; never anything else for any JSON."""
+    if primitive == "forward_backward":
+        return parse_forward_backward(body, vocab_size, limits)
+    if primitive == "forward":
+        return parse_forward_backward(body, vocab_size, limits, backward=False)
+    if primitive == "optim_step":
+        return parse_optim_step(body)
+    if primitive == "sample":
+        return parse_sample(body, vocab_size, limits)
+    if primitive == "logprobs":
+        return parse_logprobs(body, vocab_size, limits)
+    if primitive == "save_weights_for_sampler":
+        return parse_save_weights(body)
+    if primitive in ("save_state", "export_lora"):
+        return parse_state_name(body)
+    if primitive == "load_state":
+        return parse_state_name(body, allow_run_id=True)
+    if primitive == "finish":
+        return parse_finish(body)
+    raise BadRequest(f"no primitive {primitive!r}")
+
+
 def sequence_number(body: Any) -> int | None:
     """The body's ``seq`` (>= 1), or None when the client lets the server number it."""
     body = _object(body, "body")

@@ -266,7 +266,7 @@ def check_dpo_settings(settings: DPOSettings) -> None:
         raise PosttrainError(
             f"--max-pairs-per-prompt must be at least 1, got {settings.max_pairs_per_prompt}"
         )
-    if settings.constructed_share < 0:
+    if not (math.isfinite(settings.constructed_share) and settings.constructed_share >= 0):
         raise PosttrainError(f"--constructed-share must be >= 0, got {settings.constructed_share}")
     if settings.batch_size < 1:
         raise PosttrainError(f"--batch-size must be at least 1, got {settings.batch_size}")

@@ -12,7 +12,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig
+from posttrain.data.prepare import (
+    DEFAULT_SITUATIONS,
+    DataConfig,
+    check_data_config,
+    check_seed,
+)
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 
@@ -182,8 +187,12 @@ def _finite(value: float) -> bool:
 def check_recipe_settings(settings: RecipeSettings) -> None:
     """Refuse shared settings no recipe can run with, before anything loads or is written.
 
-    Raises ``PosttrainError`` naming the flag and what it accepts.
+    The one place the shared flags are checked (each recipe adds its own check for its own
+    flags). Raises ``PosttrainError`` naming the flag and what it accepts.
     """
+    check_data_config(settings.data_config())
+    check_seed("--seed", settings.seed)
+    check_seed("--eval-seed", settings.eval_seed)
     rate = settings.learning_rate
     if rate is not None and not (_finite(rate) and rate > 0):
         raise PosttrainError(
