@@ -17,6 +17,7 @@ from posttrain.errors import PosttrainError
 COMMAND_MODULES = (
     "posttrain.commands.eval",
     "posttrain.commands.prompts",
+    "posttrain.commands.sft",
     "posttrain.commands.grpo",
     "posttrain.commands.dpo",
     "posttrain.commands.pairs",

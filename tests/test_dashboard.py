@@ -575,3 +575,23 @@ def test_a_lost_run_reads_lost_and_the_delete_button_removes_it(browser, runs_di
         open_server.shutdown()
         open_server.server_close()
         thread.join(5)
+
+
+def test_the_learning_signal_panel_shows_dead_groups_and_the_remedy(server, page, runs_dir):
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "flat-groups")
+    store.log_metrics("flat-groups", 3, {"frac_reward_zero_std": 0.9})
+    # a summary merges into the finished one: the signal of a run whose groups were dead
+    store.finish_run("flat-groups", {"signal": {"steps": 10, "dead_group_share": 0.85,
+                                                "reward_spread": 0.02, "alarm": True}}, "done")
+    write_finished_run(store, "dpo-contrast", recipe="dpo", steps=60, seed=1)
+    store.close()
+    page.goto(server.url + "/runs/flat-groups")
+    page.wait_for_selector("html[data-ready]")
+    signal = page.locator("#signal").inner_text()
+    assert "85% on average over 10 steps" in signal and "0.020" in signal
+    assert "posttrain sft" in page.locator("#signal-advice").inner_text()
+    assert page.locator('.chart[data-metric="frac_reward_zero_std"]').count() == 1
+    page.goto(server.url + "/runs/dpo-contrast")
+    page.wait_for_selector("html[data-ready]")
+    assert "prompts with contrast" in page.locator("#signal").inner_text()

@@ -200,3 +200,30 @@ def test_the_delete_endpoint_checks_token_content_type_and_liveness(tmp_path):
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_runs_export_writes_the_whole_record_as_one_json_file(tmp_path, capsys):
+    from posttrain.envs import get_env
+    from posttrain.score.rows import grade, save_rows
+    from posttrain.ui.demo_runs import write_finished_run
+
+    runs_dir = tmp_path / "runs"
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        summary = write_finished_run(store, "finished")
+        series = store.metric_series("finished", "loss")
+    env = get_env("refund")
+    rows = grade(env, env.write_prompts(6, seed=0), env.scripted_agent(0), k=2)
+    (runs_dir / "finished").mkdir()
+    save_rows(runs_dir / "finished" / "holdout_before.jsonl", rows)
+
+    out = tmp_path / "export.json"
+    assert main(["runs", "export", "finished", "--out", str(out), "--runs-dir",
+                 str(runs_dir)]) == 0
+    record = json.loads(out.read_text())
+    assert record["run"]["status"] == "done"
+    assert record["run"]["summary"]["delta"] == summary["delta"]
+    assert record["metrics"]["loss"]["steps"] == series["steps"]  # full resolution
+    assert len(record["metrics"]["loss"]["values"]) == series["count"]
+    assert record["rows"]["holdout_before.jsonl"] == json.loads(json.dumps(rows))
+    assert main(["runs", "export", "nosuch", "--runs-dir", str(runs_dir)]) == 2
+    assert "no run named 'nosuch'" in capsys.readouterr().err

@@ -40,3 +40,43 @@ def test_a_run_with_signal_is_summed_up_without_an_alarm():
     watch.on_log(None, SimpleNamespace(global_step=4), None, logs={"train_runtime": 9.0})
     assert run.alarms == [] and watch.summary()["dead_group_share"] == 0.25
     assert watch.summary()["steps"] == 4  # the end-of-training log is not a step
+
+
+REWARDS = '''
+def flat_without_an_id(reply, case):
+    """Constant on prompts that carry no order id: those groups can teach nothing."""
+    if case.get("order_id") is None:
+        return 0.5
+    return 1.0 if "lookup_order" in reply else 0.0
+
+
+def flat_everywhere(reply, case):
+    return 0.0
+'''
+
+
+@pytest.mark.slow
+def test_a_real_grpo_run_counts_dead_groups_and_alarms_when_all_are_dead(
+        starter_2m_folder, tmp_path):
+    import json
+
+    from posttrain.cli import main
+
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    common = ["--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "1",
+              "--eval-repeats", "1", "--monitor-every", "0", "--num-generations", "4",
+              "--runs-dir", str(tmp_path / "runs")]
+    main(["grpo", *common, "--steps", "2", "--run-name", "some-dead",
+          "--reward", f"{tmp_path / 'rewards.py'}:flat_without_an_id"])
+    some = json.loads((tmp_path / "runs" / "some-dead" / "summary.json").read_text())
+    # the groups of prompts without an id are dead, the others mostly are not
+    assert 0.0 < some["signal"]["dead_group_share"] < 1.0
+    assert not [a for a in some["alarms"] if a["kind"] == "no_signal"]
+
+    main(["grpo", *common, "--steps", "5", "--run-name", "all-dead",
+          "--reward", f"{tmp_path / 'rewards.py'}:flat_everywhere"])
+    dead = json.loads((tmp_path / "runs" / "all-dead" / "summary.json").read_text())
+    assert dead["signal"]["dead_group_share"] == 1.0
+    [alarm] = [a for a in dead["alarms"] if a["kind"] == "no_signal"]
+    assert alarm["step"] == 5 and "teach nothing" in alarm["message"]
+    assert "Learning signal" in (tmp_path / "runs" / "all-dead" / "report.md").read_text()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainError
@@ -17,7 +19,7 @@ RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUN
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "runs",
-        help="list the recorded runs; delete one",
+        help="list the recorded runs; export or delete one",
         description="The runs recorded in <runs>/posttrain.db, the store the dashboard reads. "
         "A run still marked running whose process stopped sending heartbeats (killed, "
         "crashed, machine lost) is listed as 'lost'.",
@@ -33,6 +35,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
     listing.set_defaults(func=run_list)
+
+    export = actions.add_parser(
+        "export", help="a run's whole record as one JSON file",
+        description="Write one run's whole record as one JSON document: its status, config, "
+        "summary, progress, notes and alarms, every curve at full resolution (steps, values, "
+        "times), and the graded holdout rows of its run folder when there are any.",
+    )
+    export.add_argument("name", metavar="NAME", help="the run to export")
+    export.add_argument("--out", default=None, metavar="FILE",
+                        help="where to write it (default: stdout)")
+    export.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    export.set_defaults(func=run_export)
 
     delete = actions.add_parser(
         "delete", help="delete a run's record and its run folder",
@@ -111,6 +125,28 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min"
     return f"{seconds // 3600} h"
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from posttrain.atomic import write_text_atomic
+    from posttrain.runs.export import export_run
+
+    root, store = _store(args.runs_dir)
+    if store is None:
+        raise PosttrainError(f"no run store at {root / DB_FILENAME}: no run has been recorded "
+                             f"under {root} (pass --runs-dir or set $POSTTRAIN_RUNS)")
+    with store:
+        record = export_run(store, root, args.name)
+    text = json.dumps(record, indent=1, allow_nan=False) + "\n"
+    if args.out is None:
+        print(text, end="")
+    else:
+        if Path(args.out).is_dir():
+            raise PosttrainError(f"--out {args.out!r} is a folder: give a file name")
+        write_text_atomic(args.out, text)
+        curves = len(record["metrics"])
+        print(f"wrote run {args.name!r} ({curves} curves) to {args.out}", file=sys.stderr)
+    return 0
 
 
 def run_delete(args: argparse.Namespace) -> int:

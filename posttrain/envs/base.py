@@ -15,6 +15,8 @@ command that needs a missing one with an error naming the flag that replaces it)
 - ``scripted_agent(seed, behaviour) -> agent``: a scripted reference agent (no
   model) for ``posttrain eval --agent seeded``; ``behaviour`` maps a category to
   ``{move: probability}``; ``behaviour_help() -> str`` says which moves exist;
+- ``reference_agent(seed) -> agent``: an agent that makes the rule's right move, for
+  ``posttrain sft --demos reference`` (demonstrations on the train prompts);
 - ``constructed_negative(prompt, case) -> str | None``: a known-bad reply for a
   prompt, for DPO's ``--constructed-negatives``;
 - ``rewarded_features``: what the reward pays for by design (``rewarded_features``

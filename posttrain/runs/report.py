@@ -8,6 +8,26 @@ from typing import Any
 from posttrain.atomic import atomic_writer, write_text_atomic
 
 
+def _signal_lines(summary: dict[str, Any]) -> list[str]:
+    """How much of the training data could teach anything: GRPO's groups with a reward
+    spread, DPO's prompts with a better and a worse reply."""
+    signal = summary.get("signal")
+    if signal:
+        spread = signal.get("reward_spread")
+        return ["## Learning signal", "",
+                f"- groups with all-equal rewards (no advantage): "
+                f"{signal['dead_group_share']:.0%} on average over {signal['steps']} steps",
+                *([f"- mean within-group reward spread: {spread:.3f}"]
+                  if spread is not None else []), ""]
+    pairs = summary.get("pair_report") or {}
+    if pairs.get("prompts_seen"):
+        seen, contrast = pairs["prompts_seen"], pairs.get("prompts_with_contrast") or 0
+        return ["## Learning signal", "",
+                f"- prompts with contrast (a better and a worse reply): {contrast} of {seen} "
+                f"({contrast / seen:.0%}); the others gave no pair", ""]
+    return []
+
+
 def _category_lines(title: str, groups: list[dict[str, Any]] | None) -> list[str]:
     if not groups:
         return []
@@ -56,14 +76,15 @@ def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | Non
         lines += ["## Preference pairs", ""]
         lines += [f"- {key}: {value}" for key, value in summary["pair_report"].items()]
         lines.append("")
-    signal = summary.get("signal")
-    if signal:
-        spread = signal.get("reward_spread")
-        lines += ["## Learning signal", "",
-                  f"- groups with all-equal rewards (no advantage): "
-                  f"{signal['dead_group_share']:.0%} on average over {signal['steps']} steps",
-                  *([f"- mean within-group reward spread: {spread:.3f}"]
-                    if spread is not None else []), ""]
+    if summary.get("demo_report"):
+        demos = summary["demo_report"]
+        lines += ["## Demonstrations", "",
+                  f"- source: {demos['source']}",
+                  f"- kept: {demos['kept']} of {demos['read']} ({demos['prompts']} distinct "
+                  "prompts)",
+                  f"- dropped: {demos['failed_rule']} failing the rule, {demos['duplicates']} "
+                  f"duplicates, {demos['holdout_leaks']} on holdout prompts", ""]
+    lines += _signal_lines(summary)
     lines += ["## Alarms", ""]
     alarms = summary.get("alarms") or []
     lines += [f"- step {a.get('step')}: **{a.get('kind')}**: {a.get('message')}" for a in alarms]

@@ -151,7 +151,8 @@ def guard_alarm(step: int, guard: str, share: Progress, rules: AlarmRules) -> Al
 
 
 NO_SIGNAL_REMEDIES = (
-    "a supervised cold start on a few demonstrations, more --num-generations, a higher "
+    "a supervised cold start on a few demonstrations (posttrain sft, then posttrain grpo "
+    "--from-run <that run>), more --num-generations, a higher "
     "--temperature, or a prompt mix with more prompts the policy sometimes passes"
 )
 

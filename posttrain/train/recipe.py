@@ -99,6 +99,28 @@ def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]
     return policy, str(from_folder.path) if from_folder else None
 
 
+def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
+    """The base model for ``--from-run NAME``: the one that run trained on. ``asked`` (the
+    ``--base-model`` flag) must be that one, or None; a run with no record of its base
+    model leaves ``asked`` as it is."""
+    import json
+
+    config_path = find_run(root, name).file("config.json")
+    try:
+        trained_on = json.loads(config_path.read_text())["settings"]["base_model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return asked
+    if not isinstance(trained_on, str):
+        return asked
+    if asked is not None and asked != trained_on:
+        raise PosttrainError(
+            f"--from-run {name} trained its adapter on {trained_on!r}, which does not fit "
+            f"--base-model {asked!r}: leave --base-model out (it follows the run) or pass "
+            f"--base-model {trained_on}"
+        )
+    return trained_on
+
+
 def run_recipe(
     recipe: str,
     settings: RecipeSettings,
@@ -121,6 +143,10 @@ def run_recipe(
     check_recipe_settings(settings)
     check(settings)
     env = get_env(settings.env)
+    root = runs_root(settings.runs_dir)
+    if settings.from_run:
+        # an adapter only fits the model it was trained on: default to that one
+        settings.base_model = from_run_base_model(root, settings.from_run, settings.base_model)
     if settings.base_model is None:  # the environment's own starter, else the starter
         settings.base_model = getattr(env, "starter_model", None) or DEFAULT_STARTER
     custom_reward = getattr(settings, "reward", None)
@@ -128,7 +154,6 @@ def run_recipe(
     data = prepare_data(settings.data_config(), env)
     if check_data is not None:
         check_data(settings, data)
-    root = runs_root(settings.runs_dir)
     folder = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
     timings["data_s"] = time.monotonic() - started
 

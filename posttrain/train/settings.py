@@ -142,7 +142,8 @@ class RecipeSettings:
     )
     from_run: str | None = field(
         default=None,
-        metadata={"help": "start from that run's adapter merged into the base model"},
+        metadata={"help": "start from that run's adapter merged into its base model (e.g. "
+                          "an sft run before grpo); --base-model then defaults to that run's"},
     )
     env: str = field(
         default=DEFAULT_ENV, metadata={"help": "environment name or module:attribute"}

@@ -258,6 +258,13 @@ class RefundEnv:
 
         return scripted_agent(seed, behaviour)
 
+    def reference_agent(self, seed: int = 0) -> Any:
+        """The rule's right move on every prompt (the scripted agent with ``right`` 1.0
+        everywhere): demonstrations for ``posttrain sft --demos reference``."""
+        from posttrain.envs.refund.agent import scripted_agent
+
+        return scripted_agent(seed, {name: {"right": 1.0} for name in self.categories})
+
     def behaviour_help(self) -> str:
         from posttrain.envs.refund.agent import behaviour_help
 

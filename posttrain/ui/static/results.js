@@ -302,6 +302,41 @@ function showValue(value) {
   return String(value);
 }
 
+/** What the run's training data could teach: GRPO's groups with a reward spread, DPO's
+ * prompts with contrast, SFT's demonstrations. Null when the summary has none of them. */
+export function signalReport(summary) {
+  const rows = [];
+  let advice = null;
+  const signal = summary.signal;
+  const pairs = summary.pair_report;
+  const demos = summary.demo_report;
+  if (signal && isNumber(signal.dead_group_share)) {
+    rows.push(["groups with all-equal rewards (no advantage)",
+      `${Math.round(signal.dead_group_share * 100)}% on average over ${signal.steps} steps`]);
+    if (isNumber(signal.reward_spread)) {
+      rows.push(["mean within-group reward spread", signal.reward_spread.toFixed(3)]);
+    }
+    if (signal.dead_group_share >= 0.5) {
+      advice = "Most groups taught nothing: try a supervised cold start (posttrain sft, then " +
+        "--from-run), more --num-generations, a higher --temperature or another prompt mix.";
+    }
+  } else if (pairs && isNumber(pairs.prompts_seen) && pairs.prompts_seen > 0) {
+    const contrast = pairs.prompts_with_contrast || 0;
+    rows.push(["prompts with contrast (a better and a worse reply)",
+      `${contrast} of ${pairs.prompts_seen} (${Math.round(100 * contrast / pairs.prompts_seen)}%)`]);
+  } else if (demos) {
+    rows.push(["demonstrations kept", `${demos.kept} of ${demos.read} (${demos.prompts} distinct prompts)`]);
+    rows.push(["dropped", `${demos.failed_rule} failing the rule, ${demos.duplicates} duplicates, ` +
+      `${demos.holdout_leaks} on holdout prompts`]);
+    rows.push(["source", demos.source]);
+  }
+  if (!rows.length) return null;
+  return h("div", {},
+    h("table", { className: "kv", id: "signal" }, h("tbody", {}, rows.map(([key, value]) =>
+      h("tr", {}, h("td", {}, key), h("td", {}, value))))),
+    advice ? h("p", { className: "text-down", id: "signal-advice" }, advice) : null);
+}
+
 export function pairReport(report) {
   const warnings = Array.isArray(report.warnings) ? report.warnings : [];
   const rows = flatten(report).filter(([key]) => key !== "warnings");

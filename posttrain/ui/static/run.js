@@ -14,7 +14,10 @@ import {
   statusInfo,
   statusPill,
 } from "./common.js";
-import { categoryTable, configTable, forestPlot, headline, pairReport, statsTable, timingsTable } from "./results.js";
+import {
+  categoryTable, configTable, forestPlot, headline, pairReport, signalReport, statsTable,
+  timingsTable,
+} from "./results.js";
 import { showSamples } from "./samples.js";
 
 // two points (a bucket's min and max) per pixel column of a wide chart: more would only
@@ -28,9 +31,13 @@ const COLOURS = { main: "#2563eb", compare: "#ea580c" };
 const DEFAULT_CHARTS = [
   ["reward", "reward", "mean rule score of the step's training completions"],
   ["reward_std", "reward std", "spread within each prompt's group; 0 leaves nothing to learn"],
+  ["frac_reward_zero_std", "groups with no signal",
+    "share of groups whose completions all scored the same: zero advantage, nothing learned"],
   ["kl", "KL to the reference", "how far the policy moved from the base (adapter off)"],
   ["completion_length", "completion length (tokens)", "mean tokens per training completion"],
   ["loss", "loss", "the trainer's loss"],
+  ["token_accuracy", "reply token accuracy (SFT)",
+    "share of demonstration reply tokens the policy predicts"],
   ["rewards/margins", "reward margin (DPO)", "implicit reward of chosen minus rejected"],
   ["rewards/accuracies", "reward accuracy (DPO)", "share of pairs where chosen beats rejected"],
   ["monitor/proxy_reward", "holdout proxy reward (monitor)",
@@ -292,6 +299,9 @@ function renderResults(run) {
   }
   $("samples-panel").hidden = !measured;
   if (measured) refreshSamples();
+  const signal = signalReport(summary);
+  $("signal-panel").hidden = !signal;
+  if (signal) fill($("signal-box"), signal);
   $("pairs-panel").hidden = !summary.pair_report;
   if (summary.pair_report) fill($("pairs-box"), pairReport(summary.pair_report));
   const config = configTable(run.config || {}, state.compareRun ? state.compareRun.config : null);

@@ -1,0 +1,144 @@
+"""Supervised fine-tuning (SFT) with a LoRA adapter on TRL's SFTTrainer: the cold start.
+
+A small real model that never calls a tool gives GRPO nothing to learn from: every reply
+in a group scores the same, so every advantage is zero. The field's answer is a short
+supervised run on demonstrations first. This recipe is that run, with the same shape as
+the others (holdout, noise band, paired delta, category table, run store, report):
+
+- demonstrations come from ``--demos FILE`` (TRL's conversational format, see
+  ``posttrain.train.demos``) or ``--demos reference``: ``--demos-per-prompt`` replies per
+  *train* prompt from the environment's reference agent, kept only when the rule passes
+  them; any demonstration of a holdout scenario or prompt is dropped either way;
+- the loss is on the assistant replies only (prompt-completion records);
+- ``posttrain grpo --from-run <this run>`` then starts from the adapter, merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.envs import DEFAULT_ENV
+from posttrain.errors import PosttrainError
+from posttrain.train.demos import REFERENCE, load_demos
+from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
+
+#: SFT's LoRA rates by model size: a supervised step is steadier than a policy-gradient
+#: one, so the small models take the same rates as GRPO and the large ones a bit more
+SFT_LEARNING_RATE_BY_SIZE = ((50e6, 3e-4), (300e6, 2e-4), (1e9, 5e-5))
+SFT_LARGE_MODEL_LEARNING_RATE = 2e-5
+
+
+def sft_default_learning_rate(parameters: int) -> float:
+    for limit, rate in SFT_LEARNING_RATE_BY_SIZE:
+        if parameters <= limit:
+            return rate
+    return SFT_LARGE_MODEL_LEARNING_RATE
+
+
+@dataclass
+class SFTSettings(RecipeSettings):
+    """Every knob of the SFT recipe (see ``posttrain sft --help``)."""
+
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA learning rate; default by model size: 3e-4 up to 50M parameters, "
+            "2e-4 up to 300M, 5e-5 up to 1B, 2e-5 above"
+        },
+    )
+    demos: str = field(
+        default=REFERENCE,
+        metadata={
+            "help": "'reference': demonstrations written by the environment's reference "
+            "agent on the train prompts; or a JSONL file, one conversation per line "
+            '({"messages": [...]}, loss on every assistant turn) or {"prompt": [...], '
+            '"completion": [...]}. Demonstrations of holdout prompts are dropped',
+            "metavar": "reference|FILE",
+        },
+    )
+    demos_per_prompt: int = field(
+        default=2,
+        metadata={"help": "with --demos reference: replies per train prompt (identical "
+                          "ones are kept once)"},
+    )
+    steps: int = field(default=40, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=8, metadata={"help": "demonstrations per optimizer step"})
+    max_length: int = field(
+        default=1024,
+        metadata={"help": "longest prompt + reply in tokens; longer ones are cut"},
+    )
+    run_name: str = field(
+        default=f"{DEFAULT_ENV}-sft-v1",
+        metadata={"help": "the run's name: its folder and dashboard entry"},
+    )
+
+    def default_learning_rate(self, parameters: int) -> float:
+        """The learning rate when ``--learning-rate`` is not given (SFT's table)."""
+        return sft_default_learning_rate(parameters)
+
+    def uses_reference(self) -> bool:
+        return self.demos == REFERENCE
+
+
+def check_sft_settings(settings: SFTSettings) -> None:
+    """Refuse impossible settings, and read ``--demos FILE``, before anything loads or is
+    written. Raises ``PosttrainError`` (``InputFileError`` naming a bad line)."""
+    from posttrain.envs import get_env
+    from posttrain.envs.base import is_multi_turn
+
+    if settings.steps < 1:
+        raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
+    if settings.batch_size < 1:
+        raise PosttrainError(f"--batch-size must be at least 1, got {settings.batch_size}")
+    if settings.max_length < 16:
+        raise PosttrainError(f"--max-length must be at least 16 tokens, got {settings.max_length}")
+    if settings.demos_per_prompt < 1:
+        raise PosttrainError(
+            f"--demos-per-prompt must be at least 1, got {settings.demos_per_prompt}")
+    if settings.uses_reference():
+        env = get_env(settings.env)
+        if is_multi_turn(env):
+            raise PosttrainError(
+                f"--demos reference writes single replies; {env.name!r} plays episodes: give "
+                "--demos FILE with whole conversations (tool calls and tool results)"
+            )
+        if not callable(getattr(env, "reference_agent", None)):
+            raise PosttrainError(
+                f"environment {env.name!r} has no reference agent (no reference_agent hook): "
+                "give --demos FILE (a JSONL of conversations)"
+            )
+    else:
+        if not Path(settings.demos).is_file():
+            raise PosttrainError(
+                f"--demos {settings.demos!r}: no such file; give a JSONL of conversations "
+                "or 'reference'"
+            )
+        load_demos(settings.demos)
+
+
+def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: str,
+                      device: str) -> dict[str, Any]:
+    """The ``trl.SFTConfig`` arguments for these settings (pure: tested without TRL)."""
+    return {
+        "output_dir": output_dir,
+        "max_steps": settings.steps,
+        "per_device_train_batch_size": settings.batch_size,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": learning_rate,
+        "max_length": settings.max_length,
+        # prompt-completion records: the loss is on the completion (the reply) only
+        "completion_only_loss": True,
+        "packing": False,
+        "seed": settings.seed,
+        **trainer_runtime_kwargs(device.startswith("cuda")),
+    }
+
+
+def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
+    """Run the SFT recipe end to end; returns the summary (also in summary.json)."""
+    from posttrain.train.recipe import run_recipe
+    from posttrain.train.sft_trainer import train_sft
+
+    return run_recipe("sft", settings, check=check_sft_settings, train=train_sft, say=say)
