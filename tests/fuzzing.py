@@ -201,6 +201,9 @@ VALID_OPS = [
      "message": "m", "details": {"share": 0.4}},
     {"op": "finish", "run": "fuzz-a", "time": 4.0, "status": "done", "summary": {"delta": 0.1}},
     {"op": "heartbeat", "run": "fuzz-b", "time": None},
+    {"op": "samples", "run": "fuzz-a", "time": 3.0, "step": 2, "source": "monitor",
+     "rows": [{"prompt": "p", "reply": "r", "score": 1.0, "reward": 1, "category": "with_id",
+               "markers": {"well_formed": 1.0}}]},
 ]
 SENTINEL = "sentinel"
 

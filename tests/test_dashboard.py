@@ -506,9 +506,11 @@ def test_samples_api_reads_the_run_folder(server, runs_dir):
     assert answer["rows"][0]["transcript"][1]["role"] == "tool"
     status, _, body = raw_get(server, "/api/runs/mt-run/samples?which=before")
     assert status == 200 and json.loads(body) == {"run": "mt-run", "which": "before",
-                                                  "available": False, "rows": []}
+                                                  "available": False, "rows": [],
+                                                  "checks": []}
     assert len(json.loads(raw_get(server, "/api/runs/mt-run/samples?limit=1")[2])["rows"]) == 1
     for query, fragment in (("which=middle", "which must be"), ("limit=0", "between 1"),
+                            ("which=monitor", "needs step="),
                             ("limit=x", "whole number"), ("limit=201", "between 1")):
         status, _, body = raw_get(server, f"/api/runs/mt-run/samples?{query}")
         assert status == 400 and fragment in json.loads(body)["error"]
@@ -595,3 +597,183 @@ def test_the_learning_signal_panel_shows_dead_groups_and_the_remedy(server, page
     page.goto(server.url + "/runs/dpo-contrast")
     page.wait_for_selector("html[data-ready]")
     assert "prompts with contrast" in page.locator("#signal").inner_text()
+
+
+def write_seed_run(store, name: str, seed: int, delta: float, learning_rate: float) -> None:
+    """A small finished GRPO run whose config differs from its siblings in seed and rate."""
+    from posttrain.ui.demo_runs import demo_config
+
+    config = demo_config("grpo", 20)
+    config["settings"] = {**config["settings"], "seed": seed, "run_name": name}
+    config["resolved"] = {**config["resolved"], "learning_rate": learning_rate}
+    store.create_run(name, config, started=time.time() - 100 + seed)
+    for step in range(1, 21):
+        store.log_metrics(name, step, {"reward": 0.3 + 0.01 * step * (1 + seed),
+                                       "loss": 1.0 / step})
+    store.finish_run(name, {"before": {"pass_at_1": 0.5}, "after": {"pass_at_1": 0.5 + delta},
+                            "delta": {"delta": delta, "ci95": [delta - 0.1, delta + 0.1],
+                                      "verdict": "moved" if delta > 0.1 else "flat"}}, "done")
+
+
+def test_three_runs_compare_with_curves_verdicts_config_diff_and_groups(server, page, runs_dir):
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_seed_run(store, "grid-a", 0, 0.20, 3e-4)
+    write_seed_run(store, "grid-b", 1, 0.04, 3e-4)
+    write_seed_run(store, "grid-c", 2, 0.15, 1e-4)
+    store.close()
+    page.goto(server.url + "/")
+    page.wait_for_selector('tr[data-run="grid-c"]')
+    for name in ("grid-a", "grid-b", "grid-c"):
+        page.check(f'tr[data-run="{name}"] input[type=checkbox]')
+    assert page.locator("#compare").inner_text() == "Compare the 3 selected runs"
+    page.click("#compare")
+    page.wait_for_url(re.compile(r".*/compare\?runs=.*"))
+    page.wait_for_selector("html[data-ready]")
+    assert page.locator("#verdicts tbody tr").count() == 3
+    assert "+0.20 [+0.10, +0.30]" in page.locator('#verdicts tr[data-run="grid-a"]').inner_text()
+    legend = page.locator("#legend").inner_text()
+    assert all(name in legend for name in ("grid-a", "grid-b", "grid-c"))
+    # every run has its own line on the reward chart
+    page.hover('.chart[data-metric="reward"] canvas.overlay')
+    assert page.locator('.chart[data-metric="reward"]').count() == 1
+    diff = page.locator("#config-diff").inner_text()
+    assert "settings.seed" in diff and "resolved.learning_rate" in diff
+    assert "settings.steps" not in diff  # the same in every run
+    assert page.locator("#group-by").input_value() == "settings.seed"
+    page.select_option("#group-by", "resolved.learning_rate")
+    rows = page.locator("#groups tbody tr")
+    assert rows.count() == 2  # two rates
+    assert "+0.12" in page.locator('#groups tr[data-value="3.00e-4"]').inner_text()  # mean
+    screenshot(page, "dashboard-compare.png")
+    page.goto(server.url + "/compare?runs=grid-a")
+    page.wait_for_selector("html[data-ready]")
+    assert "at least two runs" in page.locator("#problem-text").inner_text()
+
+
+def test_curves_and_rows_export_as_csv_and_json(server, runs_dir):
+    import csv
+    import io
+
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "mt-run")
+    loss = store.metric_series("mt-run", "loss")
+    store.close()
+    write_samples(runs_dir, "mt-run")
+    status, headers, body = raw_get(server, "/api/runs/mt-run/metrics.csv?names=loss")
+    assert status == 200 and headers["Content-Type"].startswith("text/csv")
+    assert 'filename="mt-run-metrics.csv"' in headers["Content-Disposition"]
+    table = list(csv.DictReader(io.StringIO(body.decode())))
+    assert [int(row["step"]) for row in table] == loss["steps"]  # every point, not thinned
+    assert float(table[0]["value"]) == loss["values"][0]
+    every = list(csv.DictReader(io.StringIO(raw_get(server, "/api/runs/mt-run/metrics.csv")[2]
+                                            .decode())))
+    assert {row["metric"] for row in every} >= {"loss", "reward"}
+
+    status, headers, body = raw_get(server, "/api/runs/mt-run/rows.json?which=after")
+    rows = json.loads(body)["rows"]
+    assert status == 200 and len(rows) == 3  # every evaluation run, not only the first
+    assert 'filename="mt-run-holdout-after.json"' in headers["Content-Disposition"]
+    status, _, body = raw_get(server, "/api/runs/mt-run/rows.csv?which=after")
+    table = list(csv.DictReader(io.StringIO(body.decode())))
+    assert status == 200 and [row["category"] for row in table] == [r["category"] for r in rows]
+    assert json.loads(table[0]["transcript"])[1]["role"] == "tool"  # nested fields as JSON
+    assert raw_get(server, "/api/runs/mt-run/rows.csv?which=before")[0] == 404
+    assert raw_get(server, "/api/runs/mt-run/rows.xml")[0] == 404
+
+
+def test_the_page_downloads_a_curve_and_the_rows(server, runs_dir, page):
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "mt-run")
+    store.close()
+    write_samples(runs_dir, "mt-run")
+    page.goto(server.url + "/runs/mt-run")
+    page.wait_for_selector("html[data-ready]")
+    with page.expect_download() as download:
+        page.click('.chart[data-metric="loss"] a.chart-data:text("csv")')
+    text = Path(download.value.path()).read_text()
+    assert text.startswith("metric,step,value,time\nloss,1,")
+    page.wait_for_selector("#rows-csv[href]")
+    with page.expect_download() as download:
+        page.click("#rows-csv")
+    assert download.value.suggested_filename == "mt-run-holdout-after.csv"
+    assert "ineligible" in Path(download.value.path()).read_text()
+
+
+def test_the_charts_switch_to_a_wall_clock_axis_and_the_key_settings_lead(server, page,
+                                                                          runs_dir):
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "clock-run")  # one step a second, from its start
+    store.close()
+    page.goto(server.url + "/runs/clock-run")
+    page.wait_for_selector("html[data-ready]")
+    key = page.locator("#key-settings-table").inner_text()
+    assert "base model" in key and "starter" in key and "learning rate" in key
+    assert not page.locator("#config-details").get_attribute("open")  # the rest is folded
+    page.select_option("#x-axis", "time")
+    page.wait_for_selector("html[data-x-axis=time]")
+    page.hover('.chart[data-metric="loss"] canvas.overlay')
+    assert "min since start" in page.locator('.chart[data-metric="loss"] .tooltip').inner_text()
+    page.reload()  # the choice is remembered
+    page.wait_for_selector("html[data-x-axis=time]")
+    page.select_option("#x-axis", "step")
+    page.wait_for_selector("html[data-x-axis=step]")
+
+
+def graded_row(prompt: str, reply: str, category: str, reward: int, sample: int = 0) -> dict:
+    return {"prompt": prompt, "scenario_id": prompt[:8], "category": category,
+            "sample": sample, "reply": reply, "score": float(reward), "reward": reward,
+            "eval_run": 0, "markers": {"well_formed": 1.0}}
+
+
+def test_samples_filter_compare_before_after_and_open_from_an_alarm(server, page, runs_dir):
+    from playwright.sync_api import expect
+
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "read-me")  # a hack alarm at step 30 on no_id
+    store.log_samples("read-me", 30, [
+        graded_row("Where is my refund?", 'lookup_order {"order_id": "ORD-0000"}', "no_id", 1),
+        graded_row("Refund ORD-1234", "lookup ORD-1234", "with_id", 1),
+    ], "rollouts")
+    store.log_samples("read-me", 30, [graded_row("Hi there", "Hello!", "off_topic", 1)],
+                      "monitor")
+    store.close()
+    folder = runs_dir / "read-me"
+    folder.mkdir(parents=True, exist_ok=True)
+    before = [graded_row("Refund ORD-1234", "No idea.", "with_id", 0),
+              graded_row("Where is my refund?", "Which order?", "no_id", 1),
+              graded_row("Tell me a joke", "A joke.", "off_topic", 1)]
+    after = [graded_row("Refund ORD-1234", "lookup ORD-1234", "with_id", 1),
+             graded_row("Where is my refund?", "lookup ORD-9999", "no_id", 0),
+             graded_row("Tell me a joke", "A joke.", "off_topic", 1)]
+    for name, rows in (("holdout_before.jsonl", before), ("holdout_after.jsonl", after)):
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    page.goto(server.url + "/runs/read-me")
+    page.wait_for_selector("html[data-samples=after]")
+    assert page.locator("#samples-box article.sample").count() == 3
+    page.select_option("#samples-outcome", "fail")
+    expect(page.locator("#samples-box article")).to_have_count(1)
+    assert page.locator("#samples-box article").get_attribute("data-category") == "no_id"
+    page.select_option("#samples-outcome", "")
+    page.select_option("#samples-category", "with_id")
+    expect(page.locator("#samples-box article")).to_have_count(1)
+    page.select_option("#samples-category", "")
+    page.fill("#samples-text", "joke")
+    expect(page.locator("#samples-box article")).to_have_count(1)
+    page.fill("#samples-text", "")
+
+    page.select_option("#samples-which", "compare")
+    page.wait_for_selector("#side-by-side")
+    rows = page.locator("#side-by-side tbody tr")
+    assert rows.count() == 3
+    changed = page.locator('#side-by-side tr[data-change="0->1"]')
+    assert "No idea." in changed.inner_text() and "lookup ORD-1234" in changed.inner_text()
+
+    page.click('#alarms li[data-kind="hack"] a.alarm-replies')
+    page.wait_for_selector("html[data-samples='rollouts:30']")
+    expect(page.locator("#samples-category")).to_have_value("no_id")
+    expect(page.locator("#samples-box article")).to_have_count(1)
+    assert "ORD-0000" in page.locator("#samples-box article").inner_text()
+    options = page.locator("#samples-which option").all_inner_texts()
+    assert any("monitor check at step 30" in text for text in options)
+    screenshot(page, "dashboard-samples.png")

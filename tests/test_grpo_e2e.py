@@ -74,6 +74,18 @@ def test_summary_has_the_documented_keys(finished_run):
     assert [check["step"] for check in summary["monitor"]["checks"]] == [2, 3]
 
 
+def test_the_monitor_keeps_what_the_policy_said_at_each_check(finished_run, runs_root):
+    from posttrain.runs.sqlite_store import SqliteRunStore
+
+    with SqliteRunStore(runs_root / "posttrain.db") as store:
+        checks = {(check["source"], check["step"]) for check in store.sample_checks("e2e")}
+        assert checks == {("monitor", 2), ("rollouts", 2), ("monitor", 3), ("rollouts", 3)}
+        holdout = store.sample_rows("e2e", "monitor", 3)
+        rollouts = store.sample_rows("e2e", "rollouts", 2)
+    assert 0 < len(holdout) <= 64 and 0 < len(rollouts) <= 64
+    assert {"prompt", "reply", "score", "reward", "category"} <= set(holdout[0])
+
+
 def test_every_flag_is_in_config(finished_run):
     config = json.loads((finished_run / "config.json").read_text())
     assert config["settings"]["steps"] == 3 and config["settings"]["num_generations"] == 4

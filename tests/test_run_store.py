@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.runs.downsample import downsample_min_max
 from posttrain.runs.store import (
     HttpRunStore,
     NullRun,
@@ -236,21 +235,38 @@ def test_what_was_logged_before_the_writer_was_killed_survives(tmp_path):
     assert all(json.loads(line)["metrics"] for line in copied)  # no torn line
 
 
-def test_downsampling_keeps_spikes_dips_and_both_ends():
-    steps = list(range(100_000))
+def test_thinning_keeps_spikes_dips_and_both_ends(store):
+    store.create_run("long", {})
     values = [0.5] * 100_000
     values[31_337], values[77_001] = 9.0, -4.0  # one spike, one dip
-    kept_steps, kept_values = downsample_min_max(steps, values, 2000)
-    assert len(kept_steps) <= 2000
-    assert kept_steps[0] == 0 and kept_steps[-1] == 99_999
-    assert 9.0 in kept_values and -4.0 in kept_values
-    assert kept_steps == sorted(kept_steps)
+    store.apply([{"op": "metrics", "run": "long", "step": step, "metrics": {"loss": value}}
+                 for step, value in enumerate(values)])
+    for budget in (2000, 1000, 7):
+        thinned = store.metric_series("long", "loss", max_points=budget)
+        assert thinned["count"] == 100_000 and len(thinned["steps"]) <= budget
+        assert thinned["steps"][0] == 0 and thinned["steps"][-1] == 99_999
+        assert 9.0 in thinned["values"] and -4.0 in thinned["values"]
+        assert thinned["steps"] == sorted(thinned["steps"])
+    # the kept points are stored points: their values at their steps
+    thinned = store.metric_series("long", "loss", max_points=2000)
+    kept = zip(thinned["steps"], thinned["values"], strict=True)
+    assert all(values[step] == value for step, value in kept)
 
 
-def test_downsampling_leaves_short_series_alone_and_handles_tiny_budgets():
-    assert downsample_min_max([1, 2, 3], [3.0, 1.0, 2.0], 5) == ([1, 2, 3], [3.0, 1.0, 2.0])
-    assert downsample_min_max([1, 2, 3], [3.0, 1.0, 2.0], 1) == ([3], [2.0])
-    assert downsample_min_max([1, 2, 3], [3.0, 1.0, 2.0], 2) == ([1, 3], [3.0, 2.0])
+def test_thinning_leaves_short_series_alone_and_handles_tiny_budgets(store):
+    store.create_run("short", {})
+    store.apply([{"op": "metrics", "run": "short", "step": step, "metrics": {"x": value}}
+                 for step, value in ((1, 3.0), (2, 1.0), (3, 2.0))])
+
+    def thinned(budget):
+        series = store.metric_series("short", "x", max_points=budget)
+        return series["steps"], series["values"]
+
+    assert thinned(5) == ([1, 2, 3], [3.0, 1.0, 2.0])
+    assert thinned(1) == ([3], [2.0])
+    assert thinned(2) == ([1, 3], [3.0, 2.0])
+    assert thinned(3) == ([1, 2, 3], [3.0, 1.0, 2.0])
+    assert store.metric_series("short", "x", max_points=2, after_step=1)["steps"] == [2, 3]
 
 
 def test_metric_series_downsamples_on_request_and_reads_incrementally(store):
@@ -296,3 +312,30 @@ def test_ops_that_cannot_be_stored_as_strict_json_are_refused(store, op, fragmen
     with pytest.raises(RunStoreError, match=re.escape(fragment)):
         store.apply([op])
     assert store.list_runs() == []
+
+
+def test_graded_replies_of_a_check_are_kept_bounded_and_go_with_the_run(store):
+    from posttrain.runs.ops import MAX_SAMPLE_ROWS, RunStoreError
+
+    run = open_run("checked", {}, store=store, heartbeat_seconds=None)
+    rows = [{"prompt": f"p{i}", "reply": "x" * 10_000, "score": 1.0, "reward": 1,
+             "category": "with_id", "secret_column": "dropped"} for i in range(100)]
+    run.samples(10, rows, "monitor")
+    run.samples(10, rows[:2], "rollouts")
+    kept = store.sample_rows("checked", "monitor", 10)
+    assert len(kept) == MAX_SAMPLE_ROWS and "secret_column" not in kept[0]
+    assert len(kept[0]["reply"]) < 5000  # long texts are cut for the view
+    assert store.get_run("checked")["sample_checks"] == [
+        {"source": "monitor", "step": 10, "time": store.get_run("checked")["sample_checks"][0]
+         ["time"], "count": MAX_SAMPLE_ROWS},
+        {"source": "rollouts", "step": 10, "time": store.get_run("checked")["sample_checks"][1]
+         ["time"], "count": 2}]
+    with pytest.raises(RunStoreError, match="at most 64"):
+        store.apply([{"op": "samples", "run": "checked", "step": 1, "source": "monitor",
+                      "rows": [{}] * 65}])
+    with pytest.raises(RunStoreError, match="source"):
+        store.apply([{"op": "samples", "run": "checked", "step": 1, "source": "elsewhere",
+                      "rows": []}])
+    run.finish()
+    open_run("checked", {}, store=store, heartbeat_seconds=None).finish()  # a new run, same name
+    assert store.sample_checks("checked") == []

@@ -14,6 +14,7 @@ ops, the HTTP store posts them in batches, and the server checks a posted batch 
 | `alarm`    | `kind` (string), `step`, `message` (string), `details` (object) |
 | `finish`   | `status` (`done` / `failed` / `stopped`), `summary` (object)  |
 | `heartbeat`| none: the training process is alive (sent every few seconds)  |
+| `samples`  | `step`, `source` (`monitor` / `rollouts`), `rows` (list of objects, at most 64) |
 
 A run whose status is ``running`` but whose last write (heartbeats included) is older than
 ``LOST_AFTER_SECONDS`` is read back as ``lost``: the process that trained it was killed
@@ -46,7 +47,12 @@ OP_FIELDS: dict[str, tuple[str, ...]] = {
     "alarm": ("kind", "step", "message", "details"),
     "finish": ("status", "summary"),
     "heartbeat": (),
+    "samples": ("step", "source", "rows"),
 }
+#: graded replies kept per (run, source, step): a view for people, bounded per check
+MAX_SAMPLE_ROWS = 64
+SAMPLE_SOURCES = ("monitor", "rollouts")
+MAX_SAMPLES_CHARS = 1_000_000
 
 MAX_RUN_NAME = 128
 MAX_METRIC_NAME = 200
@@ -252,6 +258,26 @@ def validate_op(op: Any, index: int = 0) -> dict[str, Any]:
         checked["details"] = _check_object(index, kind, "details", op.get("details"))
     elif kind == "heartbeat":
         pass  # the run name and time are all it carries
+    elif kind == "samples":
+        checked["step"] = _check_step(index, kind, op.get("step"), optional=False)
+        source = op.get("source")
+        if source not in SAMPLE_SOURCES:
+            raise _field_error(index, kind, "source",
+                               f"expected one of {list(SAMPLE_SOURCES)}, got {source!r}")
+        checked["source"] = source
+        rows = op.get("rows")
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise _field_error(index, kind, "rows", "expected a list of objects")
+        if len(rows) > MAX_SAMPLE_ROWS:
+            raise _field_error(index, kind, "rows",
+                               f"{len(rows)} rows; at most {MAX_SAMPLE_ROWS} per check")
+        problem = _json_problem(rows)
+        if problem:
+            raise _field_error(index, kind, "rows", problem)
+        if sum(len(str(row)) for row in rows) > MAX_SAMPLES_CHARS:
+            raise _field_error(index, kind, "rows",
+                               f"over {MAX_SAMPLES_CHARS} characters; send shorter rows")
+        checked["rows"] = rows
     else:  # finish
         status = op.get("status")
         if status not in FINISH_STATUSES:
@@ -318,6 +344,14 @@ class OpWriter:
         earlier summary (top-level keys, later wins)."""
         self.submit({"op": "finish", "run": name, "status": status,
                      "summary": to_jsonable(dict(summary or {})), "time": timestamp})
+
+    def log_samples(self, name: str, step: int, rows: Sequence[Mapping[str, Any]],
+                    source: str = "monitor", timestamp: float | None = None) -> None:
+        """Keep graded replies of a check at ``step`` (at most ``MAX_SAMPLE_ROWS``; a
+        second set for the same step and source replaces the first)."""
+        self.submit({"op": "samples", "run": name, "step": step, "source": source,
+                     "rows": to_jsonable([dict(row) for row in rows][:MAX_SAMPLE_ROWS]),
+                     "time": timestamp})
 
     def heartbeat(self, name: str, timestamp: float | None = None) -> None:
         """Say that the process writing run ``name`` is alive (a running run that stops

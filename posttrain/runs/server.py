@@ -9,6 +9,7 @@ from it. Endpoints (all JSON):
 | GET    | `/api/runs`                  | the run list                                    |
 | GET    | `/api/runs/<name>`           | one run: config, summary, progress, notes, alarms |
 | GET    | `/api/runs/<name>/metrics`   | `?names=a,b&max_points=2000&after=<step>`       |
+| GET    | `/api/runs/<name>/metrics.csv` | `?names=a,b` (default: all): every point, CSV |
 | POST   | `/api/runs/<name>/delete`    | `{"force": false}`; bearer token; 409 while alive |
 
 Routing is a table of (method, path regex, handler); the dashboard adds its pages with
@@ -88,6 +89,19 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+
+
+def csv_response(header: list[str], rows: Any, filename: str) -> Response:
+    """A CSV download (UTF-8, one header line) named ``filename``."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return Response(200, buffer.getvalue().encode("utf-8"), "text/csv; charset=utf-8",
+                    {"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -328,11 +342,25 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         }
         return json_response({"run": name, "names": available, "series": series})
 
+    def get_metrics_csv(request: Request) -> Response:
+        name = _run_name(request)
+        wanted_param = request.param("names")
+        wanted = [n for n in wanted_param.split(",") if n] if wanted_param else []
+        if not wanted:
+            wanted = store.metric_names(name)
+        rows = []
+        for metric in wanted:
+            series = store.metric_series(name, metric)  # every point: this is an export
+            rows += [[metric, step, value, moment] for step, value, moment in
+                     zip(series["steps"], series["values"], series["times"], strict=True)]
+        return csv_response(["metric", "step", "value", "time"], rows, f"{name}-metrics.csv")
+
     return [
         ("POST", r"/api/ingest", ingest),
         ("GET", r"/api/runs", list_runs),
         ("GET", r"/api/runs/(?P<name>[^/]+)", get_run),
         ("GET", r"/api/runs/(?P<name>[^/]+)/metrics", get_metrics),
+        ("GET", r"/api/runs/(?P<name>[^/]+)/metrics\.csv", get_metrics_csv),
         ("POST", r"/api/runs/(?P<name>[^/]+)/delete", delete),
     ]
 

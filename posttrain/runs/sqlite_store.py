@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from posttrain.runs.downsample import min_max_indices
 from posttrain.runs.ops import (
     LOST_AFTER_SECONDS,
     OpWriter,
@@ -60,8 +59,14 @@ CREATE TABLE IF NOT EXISTS alarms (
     message TEXT NOT NULL, details TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS alarms_by_run ON alarms (run, id);
+CREATE TABLE IF NOT EXISTS samples (
+    run TEXT NOT NULL, source TEXT NOT NULL, step INTEGER NOT NULL, time REAL,
+    rows TEXT NOT NULL, PRIMARY KEY (run, source, step)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ingested_batches (id TEXT PRIMARY KEY, time REAL NOT NULL);
 """
+# the tables holding a run's rows besides `runs` (a re-created or deleted run loses them)
+RUN_TABLES = ("metrics", "metric_names", "notes", "alarms", "samples")
 # batch ids older than this are forgotten: a retry never comes a day late
 _BATCH_MEMORY_SECONDS = 86_400.0
 BUSY_TIMEOUT_MS = 10_000
@@ -220,7 +225,8 @@ class SqliteRunStore(OpWriter):
         return runs
 
     def get_run(self, name: str) -> dict[str, Any] | None:
-        """One run in full (config, summary, progress, notes, alarms, metric names), or None."""
+        """One run in full (config, summary, progress, notes, alarms, metric names, the
+        checks that kept graded replies), or None."""
         check_run_name(name)
         with self._reader() as connection:
             row = connection.execute(
@@ -237,6 +243,9 @@ class SqliteRunStore(OpWriter):
                 (name,),
             ).fetchall()
             names = self._metric_names(connection, name)
+            checks = connection.execute(
+                "SELECT source, step, time, json_array_length(rows) FROM samples WHERE run = ?"
+                " ORDER BY step, source", (name,)).fetchall()
         status, config, summary, started, updated, finished, step, total, eta = row
         return {
             "name": name, "status": self._status(status, updated, time.time()),
@@ -251,6 +260,8 @@ class SqliteRunStore(OpWriter):
                 for kind, s, t, message, details in alarms
             ],
             "metric_names": names,
+            "sample_checks": [{"source": source, "step": s, "time": t, "count": count}
+                              for source, s, t, count in checks],
         }
 
     def _status(self, stored: str, updated: float | None, now: float) -> str:
@@ -284,7 +295,7 @@ class SqliteRunStore(OpWriter):
                         f"{time.time() - (row[1] or 0):.0f} s ago); stop it first (Ctrl-C), "
                         f"wait until it shows as lost, or force the deletion"
                     )
-                for table in ("metrics", "metric_names", "notes", "alarms"):
+                for table in RUN_TABLES:
                     cursor.execute(f"DELETE FROM {table} WHERE run = ?", (name,))
                 cursor.execute("DELETE FROM runs WHERE name = ?", (name,))
                 cursor.execute("COMMIT")
@@ -292,6 +303,21 @@ class SqliteRunStore(OpWriter):
                 cursor.execute("ROLLBACK")
                 raise
         return True
+
+    def sample_checks(self, run: str) -> list[dict[str, Any]]:
+        """The checks that kept graded replies: ``[{"source", "step", "time", "count"}]``
+        in step order (``monitor``: holdout replies; ``rollouts``: training replies)."""
+        run_record = self.get_run(run)
+        return run_record["sample_checks"] if run_record else []
+
+    def sample_rows(self, run: str, source: str, step: int) -> list[dict[str, Any]] | None:
+        """The graded replies kept for (``source``, ``step``), or None."""
+        check_run_name(run)
+        with self._reader() as connection:
+            row = connection.execute(
+                "SELECT rows FROM samples WHERE run = ? AND source = ? AND step = ?",
+                (run, source, step)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     @staticmethod
     def _metric_names(connection: sqlite3.Connection, run: str) -> list[str]:
@@ -312,20 +338,23 @@ class SqliteRunStore(OpWriter):
 
         ``count`` is how many points are stored (after ``after_step`` when given: only
         steps strictly greater, for incremental polling). With ``max_points`` the points
-        are thinned to at most that many, keeping each bucket's min and max and the last
-        point (``posttrain.runs.downsample``). An unknown metric gives empty lists.
+        are thinned to at most that many inside SQLite (``_thinned_rows``: each step range
+        keeps its min and max, plus the first and last point). An unknown metric gives
+        empty lists.
         """
         check_run_name(run)
-        query = "SELECT step, value, time FROM metrics WHERE run = ? AND name = ?"
-        arguments: list[Any] = [run, metric]
-        if after_step is not None:
-            query += " AND step > ?"
-            arguments.append(after_step)
+        where = "run = ? AND name = ?" + (" AND step > ?" if after_step is not None else "")
+        arguments: list[Any] = [run, metric] + ([after_step] if after_step is not None else [])
         with self._reader() as connection:
-            rows = connection.execute(query + " ORDER BY step", arguments).fetchall()
-        count = len(rows)
-        if max_points is not None and count > max_points:
-            rows = [rows[index] for index in min_max_indices([r[1] for r in rows], max_points)]
+            count, low, high = connection.execute(
+                f"SELECT count(*), min(step), max(step) FROM metrics WHERE {where}", arguments
+            ).fetchone()
+            if max_points is None or count <= max_points:
+                rows = connection.execute(
+                    f"SELECT step, value, time FROM metrics WHERE {where} ORDER BY step",
+                    arguments).fetchall()
+            else:
+                rows = _thinned_rows(connection, where, arguments, low, high, max_points)
         return {
             "name": metric,
             "steps": [step for step, _, _ in rows],
@@ -334,6 +363,34 @@ class SqliteRunStore(OpWriter):
             "count": count,
             "downsampled": len(rows) < count,
         }
+
+
+def _thinned_rows(connection: sqlite3.Connection, where: str, arguments: list[Any],
+                  low: int, high: int, max_points: int) -> list[tuple[Any, ...]]:
+    """At most ``max_points`` rows of a curve, thinned inside SQLite: the steps from ``low``
+    to ``high`` are cut into equal ranges and each keeps the row of its smallest and of
+    its largest value (spikes and dips survive), plus the first and the last row.
+
+    Done in SQL so that a 100,000-point curve never crosses into Python: SQLite returns
+    the step of the row holding a bucket's min() or max() as a bare column."""
+    if max_points == 1:
+        return connection.execute(
+            f"SELECT step, value, time FROM metrics WHERE {where} AND step = ?",
+            [*arguments, high]).fetchall()
+    buckets = (max_points - 2) // 2
+    if buckets == 0:
+        return connection.execute(
+            f"SELECT step, value, time FROM metrics WHERE {where} AND step IN (?, ?) "
+            "ORDER BY step", [*arguments, low, high]).fetchall()
+    width = (high - low + 1) / buckets  # exactly `buckets` ranges cover low..high
+    bucket = "CAST((step - ?) / ? AS INTEGER)"
+    picks = " UNION ".join(
+        f"SELECT step FROM (SELECT {bucket} AS b, step, {pick}(value) FROM metrics "
+        f"WHERE {where} GROUP BY b)" for pick in ("min", "max"))
+    query = (f"SELECT step, value, time FROM metrics WHERE {where} AND step IN "
+             f"({picks} UNION SELECT ? UNION SELECT ?) ORDER BY step")
+    parameters = [*arguments, *(([low, width, *arguments]) * 2), low, high]
+    return connection.execute(query, parameters).fetchall()
 
 
 def _ensure_run(cursor: sqlite3.Cursor, run: str, moment: float) -> None:
@@ -347,7 +404,7 @@ def _ensure_run(cursor: sqlite3.Cursor, run: str, moment: float) -> None:
 def _apply_one(cursor: sqlite3.Cursor, op: dict[str, Any], moment: float) -> None:
     run, kind = op["run"], op["op"]
     if kind == "create":
-        for table in ("metrics", "metric_names", "notes", "alarms"):
+        for table in RUN_TABLES:
             cursor.execute(f"DELETE FROM {table} WHERE run = ?", (run,))
         cursor.execute(
             "INSERT OR REPLACE INTO runs (name, config, summary, status, started, updated)"
@@ -381,6 +438,11 @@ def _apply_one(cursor: sqlite3.Cursor, op: dict[str, Any], moment: float) -> Non
             " total_steps = coalesce(?, total_steps), eta = ?, updated = ? WHERE name = ?",
             (op["step"], op["total"], op["eta"], moment, run),
         )
+    elif kind == "samples":
+        cursor.execute(
+            "INSERT OR REPLACE INTO samples (run, source, step, time, rows) VALUES (?, ?, ?, ?, ?)",
+            (run, op["source"], op["step"], moment, json.dumps(op["rows"])))
+        cursor.execute("UPDATE runs SET updated = ? WHERE name = ?", (moment, run))
     elif kind == "note":
         cursor.execute("INSERT INTO notes (run, step, time, text) VALUES (?, ?, ?, ?)",
                        (run, op["step"], moment, op["text"]))

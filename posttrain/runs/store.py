@@ -33,6 +33,7 @@ from posttrain.runs.http_store import HttpRunStore
 from posttrain.runs.ops import (
     FINISH_STATUSES,
     HEARTBEAT_SECONDS,
+    MAX_SAMPLE_ROWS,
     RunStoreError,
     check_run_name,
     clean_metrics,
@@ -85,6 +86,11 @@ class RunStore(Protocol):
 
     def heartbeat(self, name: str, timestamp: float | None = None) -> None:
         """Say the run's writer is alive (silence reads back as status ``lost``)."""
+        ...
+
+    def log_samples(self, name: str, step: int, rows: Any, source: str = "monitor",
+                    timestamp: float | None = None) -> None:
+        """Keep the graded replies of a check at ``step`` (bounded per check)."""
         ...
 
     def close(self) -> None:
@@ -196,6 +202,14 @@ class RunHandle:
         self._guard("add an alarm", self.store.add_alarm, kind, step, message, details or {},
                     None)
 
+    def samples(self, step: int, rows: list[dict[str, Any]], source: str = "monitor") -> None:
+        """Keep graded replies of a check at ``step`` for the dashboard (``monitor``: the
+        holdout replies the hack monitor sampled; ``rollouts``: training replies). At most
+        ``MAX_SAMPLE_ROWS`` are kept; long texts are cut."""
+        _check_step(step)
+        self._guard("keep samples", self.store.log_samples, step, sample_view(rows), source,
+                    None)
+
     def finish(self, summary: dict[str, Any] | None = None, status: str = "done") -> None:
         """Mark the run ``done``, ``failed`` or ``stopped`` with its summary, then close the
         metrics copy (and the store when this handle opened it). A second call is ignored
@@ -256,6 +270,9 @@ class NullRun:
               details: dict[str, Any] | None = None) -> None:
         """Do nothing."""
 
+    def samples(self, step: int, rows: list[dict[str, Any]], source: str = "monitor") -> None:
+        """Do nothing."""
+
     def finish(self, summary: dict[str, Any] | None = None, status: str = "done") -> None:
         """Do nothing."""
         self.finished = True
@@ -265,6 +282,25 @@ class NullRun:
 
     def __exit__(self, *exc_info: object) -> None:
         return None
+
+
+#: the fields of a graded row the dashboard shows, and how long a text may be there
+SAMPLE_FIELDS = ("prompt", "scenario_id", "category", "sample", "reply", "score", "reward",
+                 "markers", "transcript", "episode")
+SAMPLE_TEXT_CHARS = 4000
+
+
+def sample_view(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first ``MAX_SAMPLE_ROWS`` rows with the fields the dashboard shows, texts cut
+    at ``SAMPLE_TEXT_CHARS`` (a view for people; the run folder keeps what was graded)."""
+    view = []
+    for row in rows[:MAX_SAMPLE_ROWS]:
+        kept = {key: row[key] for key in SAMPLE_FIELDS if key in row}
+        for key in ("prompt", "reply"):
+            if isinstance(kept.get(key), str) and len(kept[key]) > SAMPLE_TEXT_CHARS:
+                kept[key] = kept[key][:SAMPLE_TEXT_CHARS] + " …"
+        view.append(kept)
+    return view
 
 
 def _check_step(step: Any) -> None:

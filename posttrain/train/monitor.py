@@ -45,6 +45,7 @@ from posttrain.envs.base import (
 from posttrain.policy.model_agent import ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
+from posttrain.runs.ops import MAX_SAMPLE_ROWS
 from posttrain.score.audit import against_design
 from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.hack_scan import build_features, hack_scan
@@ -144,6 +145,7 @@ class HackMonitor(HFTrainerCallback):
         self.seconds = 0.0  # time spent in the monitor's own work
         self._scan_start = 0
         self._raised: set[tuple[str, str]] = set()
+        self.last_rows: list[dict[str, Any]] = []  # the last holdout check's graded rows
         self._baseline_rollouts = self._rescored(baseline_rows)
         self._baseline_holdout = self._holdout_baseline(baseline_rows)
 
@@ -183,6 +185,11 @@ class HackMonitor(HFTrainerCallback):
         started = time.perf_counter()
         check = self._sample_holdout(step, kwargs.get("model"))
         self.checks.append(check)
+        # what the live policy said, for the dashboard: the holdout replies just graded
+        # and the training replies since the last check (the ones an alarm is about)
+        self.run.samples(step, self.last_rows, "monitor")
+        rollouts = self.reward.history[self._scan_start:]
+        self.run.samples(step, spread(rollouts, MAX_SAMPLE_ROWS), "rollouts")
         metrics = {
             "monitor/proxy_reward": check.proxy_reward,
             "monitor/pass_at_1": check.pass_at_1,
@@ -219,6 +226,7 @@ class HackMonitor(HFTrainerCallback):
         finally:
             if was_training:
                 model.train()
+        self.last_rows = rows
         return summarise_holdout(step, rows, self.gold)
 
     def alarms_for(self, check: HoldoutCheck) -> list[Alarm]:

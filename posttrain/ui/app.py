@@ -30,8 +30,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posttrain.runs.ops import RunStoreError, check_run_name
-from posttrain.runs.server import HttpError, Request, Response, RunServer, json_response, serve
+from posttrain.runs.ops import SAMPLE_SOURCES, RunStoreError, check_run_name
+from posttrain.runs.server import (
+    HttpError,
+    Request,
+    Response,
+    RunServer,
+    csv_response,
+    json_response,
+    serve,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATIC_DIR = PACKAGE_DIR / "static"
@@ -60,15 +68,28 @@ PAGE_HEADERS = {
 # the graded rows a run folder keeps (posttrain.train.measure), by the page's name for them
 SAMPLE_FILES = {"before": "holdout_before.jsonl", "after": "holdout_after.jsonl"}
 SAMPLE_FIELDS = ("prompt", "category", "sample", "score", "reward", "reply", "transcript",
-                 "episode")
+                 "episode", "markers", "scenario_id")
 DEFAULT_SAMPLES = 40
 MAX_SAMPLES = 200
 
 
-def read_samples(path: Path, limit: int) -> list[dict[str, Any]] | None:
-    """The first ``limit`` rows of evaluation run 0 in a graded-rows file, with the fields
-    the page shows; None when the file does not exist (yet). Lines that are not JSON
-    objects are skipped: this is a view, and the run's own tools check the file."""
+# the columns of a graded-rows CSV export (markers, transcript and episode as JSON text)
+ROW_CSV_FIELDS = ("eval_run", "scenario_id", "category", "sample", "prompt", "reply", "score",
+                  "reward", "markers", "transcript", "episode")
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else value
+
+
+def read_samples(path: Path, limit: int | None,
+                 fields: tuple[str, ...] | None = SAMPLE_FIELDS) -> list[dict[str, Any]] | None:
+    """Rows of a graded-rows file: the first ``limit`` of evaluation run 0 with ``fields``
+    (the page's view), or, with ``limit`` None, every row of every evaluation run (with
+    ``fields`` None: every field; an export). None when the file does not exist (yet).
+    Lines that are not JSON objects are skipped: the run's own tools check the file."""
     if not path.is_file():
         return None
     rows: list[dict[str, Any]] = []
@@ -78,10 +99,12 @@ def read_samples(path: Path, limit: int) -> list[dict[str, Any]] | None:
                 row = json.loads(line)
             except ValueError:
                 continue
-            if not isinstance(row, dict) or row.get("eval_run", 0) != 0:
+            if not isinstance(row, dict):
                 continue
-            rows.append({key: row[key] for key in SAMPLE_FIELDS if key in row})
-            if len(rows) >= limit:
+            if limit is not None and row.get("eval_run", 0) != 0:
+                continue
+            rows.append(row if fields is None else {k: row[k] for k in fields if k in row})
+            if limit is not None and len(rows) >= limit:
                 break
     return rows
 
@@ -120,6 +143,9 @@ def add_dashboard(server: RunServer) -> RunServer:
         # says "no run named ..." until it does
         return _page("run.html")
 
+    def compare_page(request: Request) -> Response:
+        return _page("compare.html")  # the page reads ?runs=a,b,c and checks it itself
+
     def static(request: Request) -> Response:
         path = files.get(request.match["file"])
         if path is None:
@@ -131,13 +157,29 @@ def add_dashboard(server: RunServer) -> RunServer:
         return Response(204, b"", "image/x-icon")
 
     def samples(request: Request) -> Response:
+        """Graded replies: ``which=before|after`` from the run folder (``limit`` rows of
+        evaluation run 0), or ``which=monitor|rollouts&step=N`` from the run store (what
+        the hack monitor kept at that check). Every answer lists the checks kept."""
         try:
             name = check_run_name(request.match["name"])
         except RunStoreError as error:
             raise HttpError(400, str(error)) from None
         which = request.param("which", "after")
+        checks = server.store.sample_checks(name)
+        if which in SAMPLE_SOURCES:
+            raw_step = request.param("step")
+            try:
+                step = int(raw_step or "")
+            except ValueError:
+                raise HttpError(400, f"which={which} needs step=<a check's step>, got "
+                                     f"{raw_step!r}") from None
+            rows = server.store.sample_rows(name, which, step)
+            return json_response({"run": name, "which": which, "step": step,
+                                  "available": rows is not None, "rows": rows or [],
+                                  "checks": checks})
         if which not in SAMPLE_FILES:
-            raise HttpError(400, f"which must be one of {', '.join(SAMPLE_FILES)}, got {which!r}")
+            raise HttpError(400, f"which must be one of "
+                                 f"{', '.join([*SAMPLE_FILES, *SAMPLE_SOURCES])}, got {which!r}")
         try:
             limit = int(request.param("limit", str(DEFAULT_SAMPLES)) or DEFAULT_SAMPLES)
         except ValueError:
@@ -147,13 +189,38 @@ def add_dashboard(server: RunServer) -> RunServer:
         path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
         rows = read_samples(path, limit)
         return json_response({"run": name, "which": which, "available": rows is not None,
-                              "rows": rows or []})
+                              "rows": rows or [], "checks": checks})
 
     server.add_route("GET", r"/", run_list)
     server.add_route("GET", r"/runs/(?P<name>[^/]+)", run_page)
+    server.add_route("GET", r"/compare", compare_page)
     server.add_route("GET", r"/static/(?P<file>[^/]+)", static)
     server.add_route("GET", r"/favicon\.ico", no_icon)
     server.add_route("GET", r"/api/runs/(?P<name>[^/]+)/samples", samples)
+
+    def rows_export(request: Request) -> Response:
+        """Every graded row of one holdout evaluation file, as JSON or CSV (a download)."""
+        try:
+            name = check_run_name(request.match["name"])
+        except RunStoreError as error:
+            raise HttpError(400, str(error)) from None
+        which = request.param("which", "after")
+        if which not in SAMPLE_FILES:
+            raise HttpError(400, f"which must be one of {', '.join(SAMPLE_FILES)}, got {which!r}")
+        path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
+        rows = read_samples(path, limit=None, fields=None)
+        if rows is None:
+            raise HttpError(404, f"run {name!r} has no {SAMPLE_FILES[which]} (yet)")
+        filename = f"{name}-holdout-{which}"
+        if request.match["format"] == "csv":
+            return csv_response(list(ROW_CSV_FIELDS),
+                                [[_csv_cell(row.get(key)) for key in ROW_CSV_FIELDS]
+                                 for row in rows], f"{filename}.csv")
+        response = json_response({"run": name, "which": which, "rows": rows})
+        response.headers["Content-Disposition"] = f'attachment; filename="{filename}.json"'
+        return response
+
+    server.add_route("GET", r"/api/runs/(?P<name>[^/]+)/rows\.(?P<format>json|csv)", rows_export)
     return server
 
 

@@ -38,6 +38,8 @@ export class ChartGroup {
     this.hoverStep = null;
     this.hoverSource = null; // the chart under the mouse: it alone shows the tooltip
     this.markers = []; // [{step, label}]
+    // how the tooltip names an x position (the page switches it for a wall-clock axis)
+    this.formatX = (x) => `step ${fmtInt(x)}`;
   }
 
   add(chart) {
@@ -96,7 +98,7 @@ export class ChartGroup {
  * step), a help line and two canvases (lines, and the crosshair overlay).
  */
 export class LineChart {
-  constructor(group, { metric, title, help = "", dataUrl = null }) {
+  constructor(group, { metric, title, help = "", dataUrl = null, csvUrl = null }) {
     this.group = group;
     this.metric = metric;
     this.series = [];
@@ -113,7 +115,9 @@ export class LineChart {
         h("span", {},
           h("span", { className: "chart-title", title: metric }, title || metric),
           dataUrl ? h("a", { className: "chart-data", href: dataUrl, target: "_blank",
-            title: "every point of this run's curve, as JSON" }, "data") : null),
+            title: "every point of this run's curve, as JSON" }, "json") : null,
+          csvUrl ? h("a", { className: "chart-data", href: csvUrl, download: "",
+            title: "every point of this run's curve, as CSV" }, "csv") : null),
         this.valueLabel),
       h("div", { className: "chart-help" }, help),
       this.canvasBox);
@@ -392,7 +396,7 @@ export class LineChart {
   }
 
   showTooltip(step, rows, px) {
-    const lines = [h("div", { className: "t-step" }, `step ${fmtInt(step)}`)];
+    const lines = [h("div", { className: "t-step" }, this.group.formatX(step))];
     for (const { series, trace, at, shown } of rows) {
       const label = series.label.length > 24 ? `${series.label.slice(0, 23)}…` : series.label;
       let text;
@@ -431,7 +435,9 @@ export class LineChart {
       const step = this.group.hoverStep;
       const at = step === null ? trace.steps.length - 1 : nearestIndex(trace.steps, step);
       const text = fmtValue(trace.line[at]);
-      parts.push(s.id === "main" ? h("span", {}, text) : h("span", { className: "cmp" }, text));
+      // each other run's value in its own line colour (the compare page draws up to 8)
+      parts.push(s.id === "main" ? h("span", {}, text)
+        : h("span", { className: "cmp", style: { color: s.color } }, text));
     }
     this.valueLabel.replaceChildren(...parts);
   }

@@ -295,7 +295,7 @@ export function flatten(value, prefix = "") {
   return out;
 }
 
-function showValue(value) {
+export function showValue(value) {
   if (value === null || value === undefined) return "–";
   if (typeof value === "number") return Number.isInteger(value) ? fmtInt(value) : fmtValue(value);
   if (Array.isArray(value)) return value.length ? value.map(showValue).join(", ") : "none";
@@ -347,6 +347,42 @@ export function pairReport(report) {
 }
 
 // --- config, timings -------------------------------------------------------------------------
+
+// the few settings a reader needs first, in this order: [label, config path(s)]
+const KEY_SETTINGS = [
+  ["recipe", ["recipe"]],
+  ["environment", ["settings.env"]],
+  ["base model", ["settings.base_model", "base_model"]],
+  ["started from run", ["resolved.from_run"]],
+  ["learning rate", ["resolved.learning_rate"]],
+  ["steps", ["settings.steps"]],
+  ["batch size", ["settings.batch_size"]],
+  ["completions per prompt", ["settings.num_generations"]],
+  ["loss", ["settings.loss_type"]],
+  ["beta", ["settings.beta"]],
+  ["demonstrations", ["settings.demos"]],
+  ["training seed", ["settings.seed"]],
+  ["data seed", ["settings.data_seed"]],
+  ["evaluation seed", ["settings.eval_seed"]],
+  ["data", ["data.source"]],
+];
+
+/** The settings that define the run, first; null values are left out. */
+export function keySettings(config, compareConfig) {
+  const mine = new Map(flatten(config));
+  const theirs = compareConfig ? new Map(flatten(compareConfig)) : null;
+  const rows = [];
+  for (const [label, paths] of KEY_SETTINGS) {
+    const path = paths.find((p) => mine.has(p) && mine.get(p) !== null);
+    if (!path) continue;
+    const value = showValue(mine.get(path));
+    const other = theirs ? showValue(theirs.get(path)) : null;
+    rows.push(h("tr", { className: theirs && other !== value ? "diff-changed" : "", dataset: { key: path } },
+      h("td", {}, label), h("td", { className: "mono" }, value),
+      theirs ? h("td", { className: "mono cmp-value" }, other) : null));
+  }
+  return h("table", { className: "kv", id: "key-settings-table" }, h("tbody", {}, rows));
+}
 
 /** The config as a flat table; with a compared run, its values beside and differences marked. */
 export function configTable(config, compareConfig) {

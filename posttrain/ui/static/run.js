@@ -15,9 +15,10 @@ import {
   statusPill,
 } from "./common.js";
 import {
-  categoryTable, configTable, forestPlot, headline, pairReport, signalReport, statsTable,
-  timingsTable,
+  categoryTable, configTable, forestPlot, headline, keySettings, pairReport, signalReport,
+  statsTable, timingsTable,
 } from "./results.js";
+import { DEFAULT_CHARTS } from "./metrics.js";
 import { showSamples } from "./samples.js";
 
 // two points (a bucket's min and max) per pixel column of a wide chart: more would only
@@ -27,26 +28,6 @@ const POLL_RUNNING_MS = 1000;
 const POLL_FINISHED_MS = 5000;
 const COLOURS = { main: "#2563eb", compare: "#ea580c" };
 
-// charts shown by default when the run has the metric, in this order: [name, title, help]
-const DEFAULT_CHARTS = [
-  ["reward", "reward", "mean rule score of the step's training completions"],
-  ["reward_std", "reward std", "spread within each prompt's group; 0 leaves nothing to learn"],
-  ["frac_reward_zero_std", "groups with no signal",
-    "share of groups whose completions all scored the same: zero advantage, nothing learned"],
-  ["kl", "KL to the reference", "how far the policy moved from the base (adapter off)"],
-  ["completion_length", "completion length (tokens)", "mean tokens per training completion"],
-  ["loss", "loss", "the trainer's loss"],
-  ["token_accuracy", "reply token accuracy (SFT)",
-    "share of demonstration reply tokens the policy predicts"],
-  ["rewards/margins", "reward margin (DPO)", "implicit reward of chosen minus rejected"],
-  ["rewards/accuracies", "reward accuracy (DPO)", "share of pairs where chosen beats rejected"],
-  ["monitor/proxy_reward", "holdout proxy reward (monitor)",
-    "mean rule score of holdout replies sampled from the live policy"],
-  ["monitor/length", "holdout reply length, chars (monitor)",
-    "growth while the proxy stays flat raises a length alarm"],
-  ["monitor/pass_at_1", "holdout pass@1 (monitor)", "share of holdout replies that pass the rule"],
-  ["monitor/gold", "holdout gold score (monitor)", "the judge's score; proxy up with gold flat is divergence"],
-];
 const DEFAULT_NAMES = new Set(DEFAULT_CHARTS.map(([name]) => name));
 
 const pathName = decodeURIComponent(window.location.pathname.replace(/^\/runs\//, ""));
@@ -55,10 +36,13 @@ const state = {
   compare: new URLSearchParams(window.location.search).get("compare") || null,
   run: null,
   compareRun: null,
-  curves: { main: new Map(), compare: new Map() }, // metric -> {steps, values}
+  curves: { main: new Map(), compare: new Map() }, // metric -> {steps, values, times}
+  xAxis: "step", // or "time": minutes since the run started
   charts: new Map(), // metric -> LineChart
   extra: new Set(), // metrics the reader added with the "more metrics" buttons
   alarmsKey: "",
+  samplesKey: "",
+  pendingCategory: null,
   resultsKey: "",
   busy: false,
   ready: false,
@@ -84,8 +68,8 @@ async function fetchSeries(name, metrics, after = null) {
 }
 
 /**
- * Load whole curves (thinned by the server) in one request. One request is faster than
- * one per curve: the server reads each curve in Python, so parallel requests only queue.
+ * Load whole curves (thinned by the server) in one request: one round trip, and the
+ * server reads them one after the other anyway.
  */
 async function loadFull(which, name, metrics) {
   if (!metrics.length) return;
@@ -93,7 +77,7 @@ async function loadFull(which, name, metrics) {
   const answer = await fetchSeries(name, metrics);
   for (const metric of metrics) {
     const series = answer[metric];
-    curves.set(metric, { steps: series.steps, values: series.values });
+    curves.set(metric, { steps: series.steps, values: series.values, times: series.times });
   }
 }
 
@@ -129,6 +113,7 @@ async function loadNew(which, name, metrics) {
         if (series.steps[i] > last) {
           curve.steps.push(series.steps[i]);
           curve.values.push(series.values[i]);
+          curve.times.push(series.times[i]);
         }
       }
       changed.add(metric);
@@ -166,7 +151,9 @@ function syncCharts() {
     if (!chart) {
       const dataUrl = `/api/runs/${encodeURIComponent(state.name)}/metrics?` +
         new URLSearchParams({ names: metric, max_points: "100000" });
-      chart = group.add(new LineChart(group, { metric, title, help, dataUrl }));
+      const csvUrl = `/api/runs/${encodeURIComponent(state.name)}/metrics.csv?` +
+        new URLSearchParams({ names: metric });
+      chart = group.add(new LineChart(group, { metric, title, help, dataUrl, csvUrl }));
       state.charts.set(metric, chart);
     }
     box.append(chart.element); // re-appending keeps the order of `wanted`
@@ -180,10 +167,43 @@ function updateChart(metric) {
   if (!chart) return;
   const series = [];
   const main = state.curves.main.get(metric);
-  if (main) series.push({ id: "main", label: state.name, color: COLOURS.main, ...main });
+  if (main) {
+    series.push({ id: "main", label: state.name, color: COLOURS.main, ...onAxis(main, state.run) });
+  }
   const other = state.compare ? state.curves.compare.get(metric) : null;
-  if (other) series.push({ id: "compare", label: state.compare, color: COLOURS.compare, ...other });
+  if (other && state.compareRun) {
+    series.push({ id: "compare", label: state.compare, color: COLOURS.compare,
+      ...onAxis(other, state.compareRun) });
+  }
   chart.setSeries(series, false);
+}
+
+/** A curve's x positions on the chosen axis: steps, or minutes since its run started. */
+function onAxis(curve, run) {
+  if (state.xAxis !== "time" || !isNumber(run.started)) return { steps: curve.steps, values: curve.values };
+  return { steps: curve.times.map((t) => (t - run.started) / 60), values: curve.values };
+}
+
+function alarmMarkers(run) {
+  const alarms = run.alarms || [];
+  if (state.xAxis === "time" && isNumber(run.started)) {
+    return alarms.filter((a) => isNumber(a.time))
+      .map((a) => ({ step: (a.time - run.started) / 60, label: `${a.kind}: ${a.message}` }));
+  }
+  return alarms.filter((a) => isNumber(a.step)).map((a) => ({ step: a.step, label: `${a.kind}: ${a.message}` }));
+}
+
+function setXAxis(axis) {
+  state.xAxis = axis === "time" ? "time" : "step";
+  window.localStorage.setItem("posttrain.xaxis", state.xAxis);
+  group.formatX = state.xAxis === "time"
+    ? (x) => `${x.toFixed(x < 10 ? 2 : 1)} min since start`
+    : (x) => `step ${fmtInt(x)}`;
+  document.documentElement.dataset.xAxis = state.xAxis;
+  group.xRange = null;
+  for (const metric of state.charts.keys()) updateChart(metric);
+  if (state.run) group.setMarkers(alarmMarkers(state.run));
+  group.drawAll();
 }
 
 function renderMoreMetrics() {
@@ -273,15 +293,19 @@ function renderAlarms(run) {
     }),
     h("span", { className: "axis-label" }, "step 0"), end);
   const monitored = run.metric_names.some((name) => name.startsWith("monitor/"));
+  const checked = new Set((run.sample_checks || []).map((c) => c.step));
   fill($("alarms"), alarms.length ? alarms.map((alarm) => h("li", { dataset: { kind: alarm.kind } },
     h("span", { className: "kind" }, `${alarm.kind} alarm`),
     h("span", { className: "num muted" }, isNumber(alarm.step) ? `step ${alarm.step} · ` : ""),
-    alarm.message)) : h("li", { className: "no-alarm" }, monitored
+    alarm.message,
+    checked.has(alarm.step) ? [" ", h("a", { href: "#samples-panel", className: "alarm-replies",
+      onclick: (event) => { event.preventDefault(); showAlarmReplies(alarm); } },
+    "see the replies")] : null)) : h("li", { className: "no-alarm" }, monitored
     ? "No alarms: the hack monitor has found nothing so far."
     : "No alarms (no hack-monitor checks logged: --monitor-every 0, or before its first check)."));
   fill($("notes"), (run.notes || []).map((note) => h("li", {},
     isNumber(note.step) ? `step ${note.step}: ` : "", note.text)));
-  group.setMarkers(alarms.filter((a) => isNumber(a.step)).map((a) => ({ step: a.step, label: `${a.kind}: ${a.message}` })));
+  group.setMarkers(alarmMarkers(run));
 }
 
 // --- results and config --------------------------------------------------------------------
@@ -297,8 +321,6 @@ function renderResults(run) {
     fill($("stats-box"), statsTable(summary));
     fill($("categories-box"), categoryTable(summary, compareSummary));
   }
-  $("samples-panel").hidden = !measured;
-  if (measured) refreshSamples();
   const signal = signalReport(summary);
   $("signal-panel").hidden = !signal;
   if (signal) fill($("signal-box"), signal);
@@ -306,17 +328,82 @@ function renderResults(run) {
   if (summary.pair_report) fill($("pairs-box"), pairReport(summary.pair_report));
   const config = configTable(run.config || {}, state.compareRun ? state.compareRun.config : null);
   fill($("config-box"), config.element);
-  $("config-summary").textContent = `Config (${config.count} settings)`;
+  fill($("key-settings"), keySettings(run.config || {}, state.compareRun ? state.compareRun.config : null));
+  $("config-summary").textContent = `Every setting (${config.count})`;
   $("config-hint").textContent = state.compareRun
     ? `· ${config.differing} settings differ from ${state.compare}` : "";
   fill($("timings-box"), timingsTable(summary));
   $("config-panel").hidden = false;
 }
 
+/** The samples selector's choices: the holdout before/after (once measured) and each
+ * monitor check the run store kept (also while the run trains). */
+function renderSampleChoices(run, measured) {
+  const checks = run.sample_checks || [];
+  const key = JSON.stringify([measured, checks.map((c) => [c.source, c.step])]);
+  if (key === state.samplesKey) return;
+  state.samplesKey = key;
+  const select = $("samples-which");
+  const previous = select.value;
+  const options = [];
+  if (measured) {
+    options.push(["after", "holdout, after training"], ["before", "holdout, before training"],
+      ["compare", "holdout, before and after side by side"]);
+  }
+  for (const check of checks) {
+    options.push([`${check.source}:${check.step}`, check.source === "monitor"
+      ? `monitor check at step ${check.step}: holdout replies (${check.count})`
+      : `training replies up to step ${check.step} (${check.count})`]);
+  }
+  fill(select, options.map(([value, label]) => h("option", { value }, label)));
+  if (options.some(([value]) => value === previous)) select.value = previous;
+  $("samples-panel").hidden = !options.length;
+  if (options.length) refreshSamples();
+}
+
 async function refreshSamples() {
-  // rows are read when the results change (the run finished), not on every poll
-  await showSamples($("samples-box"), state.name, $("samples-which").value);
-  document.documentElement.dataset.samples = $("samples-which").value;
+  // rows are read when the choices change (a check, the results), not on every poll
+  const which = $("samples-which").value;
+  const fromFolder = which === "after" || which === "before";
+  $("rows-links").hidden = !fromFolder;
+  if (fromFolder) {
+    const base = `/api/runs/${encodeURIComponent(state.name)}/rows`;
+    $("rows-json").href = `${base}.json?which=${which}`;
+    $("rows-csv").href = `${base}.csv?which=${which}`;
+  }
+  const filters = { category: $("samples-category").value, outcome: $("samples-outcome").value,
+    text: $("samples-text").value };
+  const categories = await showSamples($("samples-box"), state.name, which, filters);
+  if (categories) {
+    const chosen = $("samples-category").value;
+    fill($("samples-category"), h("option", { value: "" }, "every category"),
+      categories.map((name) => h("option", { value: name }, name)));
+    $("samples-category").value = categories.includes(chosen) ? chosen : "";
+  }
+  document.documentElement.dataset.samples = which;
+}
+
+/** Show the replies behind an alarm: the training replies for a hack alarm (what the
+ * reward paid for), the monitor's holdout replies for the others. */
+function showAlarmReplies(alarm) {
+  const checks = (state.run.sample_checks || []);
+  const source = alarm.kind === "hack" ? "rollouts" : "monitor";
+  const check = checks.find((c) => c.source === source && c.step === alarm.step)
+    || checks.find((c) => c.step === alarm.step);
+  if (!check) return;
+  $("samples-which").value = `${check.source}:${check.step}`;
+  if (alarm.details && alarm.details.category) {
+    $("samples-category").value = "";
+    state.pendingCategory = alarm.details.category;
+  }
+  refreshSamples().then(() => {
+    if (state.pendingCategory) {
+      $("samples-category").value = state.pendingCategory;
+      state.pendingCategory = null;
+      refreshSamples();
+    }
+  });
+  $("samples-panel").scrollIntoView();
 }
 
 function renderRun() {
@@ -329,12 +416,14 @@ function renderRun() {
   $("curves-panel").hidden = false;
   renderProgress(run);
   // the rest is rebuilt only when its data changed, not on every poll
-  const alarmsKey = JSON.stringify([run.alarms, run.notes, run.progress.total,
+  const alarmsKey = JSON.stringify([run.alarms, run.notes, run.progress.total, run.sample_checks,
     run.metric_names.some((name) => name.startsWith("monitor/"))]);
   if (alarmsKey !== state.alarmsKey) {
     state.alarmsKey = alarmsKey;
     renderAlarms(run);
   }
+  const summary = run.summary || {};
+  renderSampleChoices(run, Boolean(summary.delta && summary.before && summary.after));
   const other = state.compareRun;
   const resultsKey = JSON.stringify([run.status, run.summary, run.config,
     other && [other.name, other.status, other.summary, other.config]]);
@@ -446,6 +535,9 @@ function schedule() {
 
 function setupControls() {
   $("samples-which").addEventListener("change", () => { refreshSamples(); });
+  $("samples-category").addEventListener("change", () => { refreshSamples(); });
+  $("samples-outcome").addEventListener("change", () => { refreshSamples(); });
+  $("samples-text").addEventListener("input", () => { refreshSamples(); });
   const slider = $("smoothing");
   const saved = Number(window.localStorage.getItem("posttrain.smoothing"));
   if (window.localStorage.getItem("posttrain.smoothing") !== null && saved >= 0 && saved < 1) {
@@ -466,6 +558,10 @@ function setupControls() {
     reset.hidden = range === null;
   };
   reset.addEventListener("click", () => group.setXRange(null));
+  const axis = $("x-axis");
+  axis.value = window.localStorage.getItem("posttrain.xaxis") === "time" ? "time" : "step";
+  setXAxis(axis.value);
+  axis.addEventListener("change", () => setXAxis(axis.value));
   $("compare-select").addEventListener("change", (event) => setCompare(event.target.value));
   $("delete-run").addEventListener("click", deleteRun);
   $("compare-select").addEventListener("focus", loadCompareChoices);

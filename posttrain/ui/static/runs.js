@@ -10,6 +10,7 @@ import {
 } from "./common.js";
 
 const POLL_MS = 2000;
+const MAX_COMPARED = 8; // the compare page's limit
 const selected = new Set();
 const intervals = new Map(); // `${name}@${started}` -> delta interval (or null)
 let runs = [];
@@ -83,9 +84,11 @@ function updateCompareButton() {
   for (const name of [...selected]) {
     if (!runs.some((run) => run.name === name)) selected.delete(name);
   }
-  compareButton.disabled = selected.size !== 2;
-  compareButton.textContent = selected.size === 2 ? "Compare the 2 selected runs"
-    : `Compare: select 2 runs (${selected.size} selected)`;
+  const ready = selected.size >= 2 && selected.size <= MAX_COMPARED;
+  compareButton.disabled = !ready;
+  compareButton.textContent = ready ? `Compare the ${selected.size} selected runs`
+    : selected.size > MAX_COMPARED ? `Compare: at most ${MAX_COMPARED} runs (${selected.size} selected)`
+      : `Compare: select 2 to ${MAX_COMPARED} runs (${selected.size} selected)`;
 }
 
 function render() {
@@ -141,8 +144,11 @@ async function poll() {
 
 filterBox.addEventListener("input", render);
 compareButton.addEventListener("click", () => {
-  const [first, second] = [...selected];
-  window.location.href = `${runLink(first)}?compare=${encodeURIComponent(second)}`;
+  const names = [...selected];
+  // two runs: the run page with the other run overlaid; more: the compare page
+  window.location.href = names.length === 2
+    ? `${runLink(names[0])}?compare=${encodeURIComponent(names[1])}`
+    : `/compare?runs=${names.map(encodeURIComponent).join(",")}`;
 });
 document.addEventListener("visibilitychange", () => { if (!document.hidden) poll(); });
 poll();
