@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from posttrain.runs.store import (
     HttpRunStore,
@@ -339,3 +341,57 @@ def test_graded_replies_of_a_check_are_kept_bounded_and_go_with_the_run(store):
     run.finish()
     open_run("checked", {}, store=store, heartbeat_seconds=None).finish()  # a new run, same name
     assert store.sample_checks("checked") == []
+
+
+def write_curve(store, run: str, values: list[float], metric: str = "loss") -> None:
+    store.create_run(run, {})
+    store.apply([{"op": "metrics", "run": run, "step": step, "metrics": {metric: value}}
+                 for step, value in enumerate(values)])
+
+
+def test_tiles_keep_thinning_exact_when_a_point_is_overwritten(store):
+    write_curve(store, "rewritten", [0.5] * 20_000)
+    store.log_metrics("rewritten", 5000, {"loss": -9.0})  # a dip, logged...
+    assert -9.0 in store.metric_series("rewritten", "loss", max_points=100)["values"]
+    store.log_metrics("rewritten", 5000, {"loss": 0.5})  # ...then overwritten
+    thinned = store.metric_series("rewritten", "loss", max_points=100)
+    assert -9.0 not in thinned["values"] and len(thinned["steps"]) <= 100
+    store.log_metrics("rewritten", 12_345, {"loss": 7.0})  # a spike by overwrite
+    assert 7.0 in store.metric_series("rewritten", "loss", max_points=100)["values"]
+
+
+@given(values=st.lists(st.floats(-1e6, 1e6), min_size=300, max_size=3000),
+       budget=st.integers(3, 60))
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_thinned_curves_keep_the_extremes_and_both_ends_whatever_the_series(store, values,
+                                                                          budget):
+    write_curve(store, "random", values)
+    thinned = store.metric_series("random", "loss", max_points=budget)
+    steps, kept = thinned["steps"], thinned["values"]
+    assert len(steps) <= budget and steps == sorted(set(steps))
+    assert steps[0] == 0 and steps[-1] == len(values) - 1
+    assert min(values) in kept and max(values) in kept
+    assert all(values[step] == value for step, value in zip(steps, kept, strict=True))
+
+
+def test_a_store_written_before_tiles_gets_them_when_opened(tmp_path):
+    import sqlite3
+
+    from posttrain.runs.sqlite_store import SCHEMA_VERSION
+
+    path = tmp_path / "posttrain.db"
+    with SqliteRunStore(path) as store:
+        write_curve(store, "old", [float(step % 97) for step in range(30_000)])
+        expected = store.metric_series("old", "loss", max_points=200)
+    connection = sqlite3.connect(path)  # as a store of schema 1 left it: no tiles
+    connection.execute("DROP TABLE metric_tiles")
+    connection.execute("PRAGMA user_version=1")
+    connection.commit()
+    connection.close()
+    with SqliteRunStore(path) as store:
+        assert store.metric_series("old", "loss", max_points=200) == expected
+    connection = sqlite3.connect(path)
+    assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert connection.execute("SELECT count(*) FROM metric_tiles").fetchone()[0] == 469
+    connection.close()

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from posttrain.runs import tiles
 from posttrain.runs.ops import (
     LOST_AFTER_SECONDS,
     OpWriter,
@@ -33,7 +34,7 @@ from posttrain.runs.ops import (
     validate_ops,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: metric_tiles (posttrain.runs.tiles)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     name TEXT PRIMARY KEY,
@@ -66,7 +67,7 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE TABLE IF NOT EXISTS ingested_batches (id TEXT PRIMARY KEY, time REAL NOT NULL);
 """
 # the tables holding a run's rows besides `runs` (a re-created or deleted run loses them)
-RUN_TABLES = ("metrics", "metric_names", "notes", "alarms", "samples")
+RUN_TABLES = ("metrics", "metric_tiles", "metric_names", "notes", "alarms", "samples")
 # batch ids older than this are forgotten: a retry never comes a day late
 _BATCH_MEMORY_SECONDS = 86_400.0
 BUSY_TIMEOUT_MS = 10_000
@@ -129,8 +130,19 @@ class SqliteRunStore(OpWriter):
                 f"{self.path}: run store schema {version} is newer than this posttrain "
                 f"understands ({SCHEMA_VERSION}); upgrade posttrain or use another file"
             )
-        self._writer.executescript(_SCHEMA)
-        self._writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._writer.executescript(_SCHEMA + tiles.SCHEMA)
+        if version < SCHEMA_VERSION:
+            # a store written before tiles existed gets them once, in one transaction
+            with self._lock:
+                cursor = self._writer.cursor()
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    tiles.backfill(cursor)
+                    cursor.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    cursor.execute("COMMIT")
+                except BaseException:
+                    cursor.execute("ROLLBACK")
+                    raise
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
@@ -346,15 +358,23 @@ class SqliteRunStore(OpWriter):
         where = "run = ? AND name = ?" + (" AND step > ?" if after_step is not None else "")
         arguments: list[Any] = [run, metric] + ([after_step] if after_step is not None else [])
         with self._reader() as connection:
-            count, low, high = connection.execute(
-                f"SELECT count(*), min(step), max(step) FROM metrics WHERE {where}", arguments
-            ).fetchone()
+            if after_step is None:  # a whole curve: counted from its tiles, no scan
+                count, low, high = tiles.curve_extent(connection, run, metric)
+            else:
+                count, low, high = connection.execute(
+                    f"SELECT count(*), min(step), max(step) FROM metrics WHERE {where}",
+                    arguments).fetchone()
             if max_points is None or count <= max_points:
                 rows = connection.execute(
                     f"SELECT step, value, time FROM metrics WHERE {where} ORDER BY step",
                     arguments).fetchall()
             else:
-                rows = _thinned_rows(connection, where, arguments, low, high, max_points)
+                # a whole long curve: from its tiles; a tail (after_step) or a short one:
+                # from the points
+                from_tiles = None if after_step is not None else tiles.thinned_from_tiles(
+                    connection, run, metric, low, high, max_points)
+                rows = from_tiles if from_tiles is not None else _thinned_rows(
+                    connection, where, arguments, low, high, max_points)
         return {
             "name": metric,
             "steps": [step for step, _, _ in rows],
@@ -420,10 +440,14 @@ def _apply_one(cursor: sqlite3.Cursor, op: dict[str, Any], moment: float) -> Non
     _ensure_run(cursor, run, moment)
     if kind == "metrics":
         step, values = op["step"], op["metrics"]
-        cursor.executemany(
-            "INSERT OR REPLACE INTO metrics (run, name, step, value, time) VALUES (?, ?, ?, ?, ?)",
-            [(run, name, step, value, moment) for name, value in values.items()],
-        )
+        for name, value in values.items():
+            replaced = cursor.execute(
+                "SELECT 1 FROM metrics WHERE run = ? AND name = ? AND step = ?",
+                (run, name, step)).fetchone() is not None
+            cursor.execute(
+                "INSERT OR REPLACE INTO metrics (run, name, step, value, time)"
+                " VALUES (?, ?, ?, ?, ?)", (run, name, step, value, moment))
+            tiles.record_point(cursor, run, name, step, value, moment, replaced)
         cursor.executemany(
             "INSERT OR IGNORE INTO metric_names (run, name) VALUES (?, ?)",
             [(run, name) for name in values],
