@@ -3,7 +3,8 @@
     .venv/bin/python scripts/screenshots.py --runs-dir RUNS --run NAME [--compare A,B,...]
 
 Starts the dashboard over RUNS (a runs folder with posttrain.db), opens Debian's Chromium
-headless and writes, under docs/img: the run page (dashboard-run.png), its samples view
+headless and writes, under docs/img: the run list (dashboard-list.png), the run page
+(dashboard-run.png), its samples view
 with the holdout before and after side by side (dashboard-samples.png), what the monitor
 saw at its last check (dashboard-monitor.png), and, with --compare, the compare page
 (dashboard-compare.png). Nothing is made up: the pages show what the runs recorded.
@@ -46,11 +47,15 @@ def main() -> int:
         with sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{server.url}/")
+            page.wait_for_selector("html[data-loaded]")
+            page.screenshot(path=str(IMG / "dashboard-list.png"),
+                            clip={"x": 0, "y": 0, "width": 1400, "height": 320})
             page.goto(f"{server.url}/runs/{args.run}")
             page.wait_for_selector("html[data-ready]")
             page.wait_for_selector("html[data-samples]")
             page.screenshot(path=str(IMG / "dashboard-run.png"), full_page=False)
-            shots = ["dashboard-run.png"]
+            shots = ["dashboard-list.png", "dashboard-run.png"]
             page.select_option("#samples-which", "compare")
             page.wait_for_selector("#side-by-side")
             panel_shot(page, "#samples-panel", IMG / "dashboard-samples.png")
