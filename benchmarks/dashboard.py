@@ -98,7 +98,7 @@ def python_thinned(database: Path, metric: str, max_points: int) -> int:
 
 def time_read_paths(database: Path, runs: int) -> dict[str, float]:
     """Median seconds to read the page's 8 curves thinned to 1,000 points, in-process:
-    the old path (Python) and the store's (SQL)."""
+    the old path (every row into Python) and the store's (its tiles)."""
     curves = PAGE_CURVES.split(",")
     store = SqliteRunStore(database)
     timings: dict[str, list[float]] = {"python": [], "sql": []}
@@ -151,7 +151,8 @@ def markdown(api: dict[str, tuple[float, int]], page: dict[str, list[float]], co
         "",
         "A run with 100,000 steps of 7 training curves and the monitor's 3 curves every 10 "
         "steps. The server thins each curve to at most 1,000 points (each bucket's min "
-        "and max), so the page draws the same amount whatever the run's length.",
+        "and max, read from the curve's tiles), so the page draws the same amount whatever "
+        "the run's length.",
         "",
         "| what | median | per load |",
         "|---|---|---|",
@@ -174,7 +175,7 @@ def markdown(api: dict[str, tuple[float, int]], page: dict[str, list[float]], co
         "|---|---|---|",
         f"| before: every row into Python, min/max per bucket in numpy | "
         f"{reads['python'] * 1000:.0f} ms | 1.00 |",
-        f"| now: thinned inside SQLite (min()/max() per step range) | "
+        f"| now: from the curve's tiles (min and max point per 64 steps, kept on write) | "
         f"{reads['sql'] * 1000:.0f} ms | {reads['sql'] / reads['python']:.2f} |",
         "",
         "Polling while a run trains asks only for points after the last step drawn "
