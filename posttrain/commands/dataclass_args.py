@@ -21,7 +21,18 @@ def _flag(field: dataclasses.Field) -> str:
     return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
 
 
-def _base_type(annotation: Any) -> Any:
+class Unset:
+    """A flag left off the command line: its default, which a settings file may replace
+    (``settings_from_args``). Explicit flags always win."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Unset({self.value!r})"
+
+
+def base_type(annotation: Any) -> Any:
     """``int | None`` -> int; plain types pass through."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -45,14 +56,15 @@ def add_dataclass_args(
             continue
         if "help" not in field.metadata:
             continue
-        kind = _base_type(hints[field.name])
+        kind = base_type(hints[field.name])
         default = field.default
         help_text = field.metadata["help"]
         if kind is bool and default is False:
-            parser.add_argument(_flag(field), dest=field.name, action="store_true", help=help_text)
+            parser.add_argument(_flag(field), dest=field.name, action="store_true",
+                                default=Unset(False), help=help_text)
             continue
         if kind is bool:  # on by default, or decided by other settings: --x / --no-x
-            parser.add_argument(_flag(field), dest=field.name, default=default,
+            parser.add_argument(_flag(field), dest=field.name, default=Unset(default),
                                 action=argparse.BooleanOptionalAction, help=help_text)
             continue
         shown = "" if default in (None, "") else f" (default {default})"
@@ -60,20 +72,24 @@ def add_dataclass_args(
             _flag(field),
             dest=field.name,
             type=kind,
-            default=default,
+            default=Unset(default),
             choices=field.metadata.get("choices"),
             metavar=field.metadata.get("metavar"),
             help=help_text + shown,
         )
 
 
-def settings_from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
-    """An instance of ``cls`` from the parsed flags (fields not on the command line keep
-    their defaults); ``overrides`` win."""
-    values = {
-        field.name: getattr(args, field.name)
-        for field in dataclasses.fields(cls)
-        if hasattr(args, field.name)
-    }
+def settings_from_args(cls: type[T], args: argparse.Namespace,
+                       file_values: dict[str, Any] | None = None, **overrides: Any) -> T:
+    """An instance of ``cls`` from the parsed flags: a flag given on the command line, else
+    ``file_values`` (a settings file), else the field's default; ``overrides`` win."""
+    values = {}
+    for field in dataclasses.fields(cls):
+        if not hasattr(args, field.name):
+            continue
+        value = getattr(args, field.name)
+        if isinstance(value, Unset):
+            value = (file_values or {}).get(field.name, value.value)
+        values[field.name] = value
     values.update(overrides)
     return cls(**values)

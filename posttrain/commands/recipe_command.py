@@ -40,13 +40,28 @@ def register_recipe_command(
     add_dataclass_args(
         parser.add_argument_group("model, data, evaluation and run"), settings_class, skip=own
     )
+    parser.add_argument(
+        "--config", metavar="FILE", default=None,
+        help="read flags from a TOML, YAML or JSON file (keys are flag names; a run's own "
+        "config.json re-runs it); flags on the command line win over the file",
+    )
 
     def run(args: argparse.Namespace) -> int:
+        settings = settings_for(settings_class, args, name)
         with interruptible():
-            summary = run_recipe(settings_from_args(settings_class, args))
+            summary = run_recipe(settings)
         return recipe_exit_code(summary)
 
     parser.set_defaults(func=run)
+
+
+def settings_for(settings_class: type, args: argparse.Namespace, command: str) -> Any:
+    """The recipe's settings: command-line flags, then ``--config FILE``, then defaults."""
+    from posttrain.commands.settings_file import load_settings_file
+
+    file_values = (load_settings_file(args.config, settings_class, command)
+                   if getattr(args, "config", None) else {})
+    return settings_from_args(settings_class, args, file_values)
 
 
 def recipe_exit_code(summary: dict[str, Any]) -> int:

@@ -1,0 +1,101 @@
+"""``--config FILE``: a recipe's flags from a TOML, YAML or JSON file.
+
+Keys are the flag names with ``_`` or ``-`` (``learning_rate`` or ``learning-rate``).
+A run's own ``config.json`` works as is (its ``settings`` are taken), so
+``posttrain grpo --config runs/NAME/config.json --run-name NAME-again`` re-runs a finished
+run with the same settings. Flags given on the command line win over the file; the file
+wins over the defaults. Every key and value is checked against the recipe's settings
+before anything loads: an unknown key names the closest flag, a wrong type says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+from posttrain.commands.dataclass_args import base_type
+from posttrain.errors import PosttrainError
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    text = path.read_text(encoding="utf-8")
+    try:
+        if suffix == ".json":
+            from posttrain.jsonl import strict_json_loads
+
+            value = strict_json_loads(text)
+        elif suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise PosttrainError(f"{path}: reading TOML needs Python 3.11 or later; "
+                                     "write the settings as YAML or JSON") from None
+            value = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise PosttrainError(
+                    f"{path}: reading YAML needs PyYAML (pip install pyyaml); or write the "
+                    "settings as TOML or JSON") from None
+            value = yaml.safe_load(text)
+        else:
+            raise PosttrainError(f"{path}: a settings file must end in .toml, .yaml, .yml or "
+                                 ".json, got {suffix or 'no extension'!r}")
+    except PosttrainError:
+        raise
+    except Exception as error:  # each parser has its own error class; all mean "bad file"
+        raise PosttrainError(f"{path}: not valid {suffix.lstrip('.').upper()}: {error}") from None
+    if not isinstance(value, dict):
+        raise PosttrainError(f"{path}: expected a table of settings (key = value), got "
+                             f"{type(value).__name__}")
+    # a run's config.json: {"recipe": ..., "settings": {...}, "resolved": ...}
+    if isinstance(value.get("settings"), dict) and "recipe" in value:
+        return value["settings"]
+    return value
+
+
+def _check_value(path: Path, key: str, value: Any, annotation: Any) -> Any:
+    optional = type(None) in typing.get_args(annotation)
+    kind = base_type(annotation)
+    if value is None:
+        if optional:
+            return None
+        raise PosttrainError(f"{path}: {key}: may not be empty (expected {kind.__name__})")
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise PosttrainError(f"{path}: {key}: expected {kind.__name__}"
+                             f"{' or nothing' if optional else ''}, got {value!r}")
+    return value
+
+
+def load_settings_file(path: str | Path, settings_class: type, command: str) -> dict[str, Any]:
+    """The checked settings of ``path`` for ``settings_class`` (field name -> value)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PosttrainError(f"--config {str(path)!r}: no such file")
+    raw = _read_mapping(path)
+    hints = typing.get_type_hints(settings_class)
+    fields = {field.name for field in dataclasses.fields(settings_class)
+              if "help" in field.metadata}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in fields:
+            close = difflib.get_close_matches(name, sorted(fields), n=1)
+            hint = f"; did you mean {close[0].replace('_', '-')}?" if close else ""
+            raise PosttrainError(f"{path}: {key}: not a setting of posttrain {command}{hint}")
+        values[name] = _check_value(path, str(key), value, hints[name])
+    return values
