@@ -302,7 +302,7 @@ def dpo_config_kwargs(
         "label_smoothing": settings.resolved_label_smoothing(),
         "max_length": settings.max_length,
         "seed": settings.seed,
-        **trainer_runtime_kwargs(on_gpu),
+        **trainer_runtime_kwargs(on_gpu, settings.report_to),
     }
 
 

@@ -184,7 +184,8 @@ def train_dpo(context: Any) -> Any:
         TrainerCallback(context.run, total_steps=settings.steps),
         ConsoleProgress("training"),
     ]
-    trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks)
+    trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks,
+                                output_dir=settings.trainer_output_dir(context.folder))
     with quiet_transformers_warnings():
         trainer.train()
     trainer.model.save_pretrained(str(context.folder.adapter))

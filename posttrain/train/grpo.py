@@ -207,7 +207,7 @@ def grpo_config_kwargs(
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "seed": settings.seed,
-        **trainer_runtime_kwargs(on_gpu),
+        **trainer_runtime_kwargs(on_gpu, settings.report_to),
     }
 
 

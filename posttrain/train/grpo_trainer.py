@@ -148,6 +148,7 @@ def train_grpo(context: Any) -> Any:
         context.learning_rate,
         callbacks,
         reward,
+        output_dir=settings.trainer_output_dir(context.folder),
     )
     with quiet_transformers_warnings():
         trainer.train()

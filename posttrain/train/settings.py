@@ -41,12 +41,39 @@ def default_learning_rate(parameters: int) -> float:
     return LARGE_MODEL_LEARNING_RATE
 
 
-def trainer_runtime_kwargs(on_gpu: bool) -> dict[str, Any]:
+#: the trackers TRL can send its logs to next to posttrain's run store, and the package
+#: each one needs (any of them)
+TRACKERS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "tensorboard": ("tensorboardX", "tensorboard"),
+    "wandb": ("wandb",),
+    "trackio": ("trackio",),
+    "mlflow": ("mlflow",),
+}
+
+
+def tracker_problem(name: str) -> str | None:
+    """Why ``--report-to name`` cannot work here, or None."""
+    import importlib.util
+
+    if name not in TRACKERS:
+        return f"--report-to must be one of {', '.join(TRACKERS)}, got {name!r}"
+    packages = TRACKERS[name]
+    if packages and not any(importlib.util.find_spec(package) for package in packages):
+        extra = " (pip install 'posttrain[track]')" if name == "tensorboard" else ""
+        return (f"--report-to {name} needs the {packages[0]} package, which is not installed"
+                f"{extra}: install it or leave --report-to out (posttrain's own run store and "
+                "dashboard are always on)")
+    return None
+
+
+def trainer_runtime_kwargs(on_gpu: bool, report_to: str = "none") -> dict[str, Any]:
     """The TRL config values both recipes set the same way.
 
     TRL's defaults are GPU-minded (bf16, gradient checkpointing): set the CPU-safe
     values explicitly (spike.md 9.2); log every step into the run store, save
-    nothing mid-run, report to no tracker, keep the learning rate constant.
+    nothing mid-run, report to no tracker but ``report_to`` (posttrain's run store is fed
+    by its own callback either way), keep the learning rate constant.
     """
     return {
         "use_cpu": not on_gpu,
@@ -55,7 +82,7 @@ def trainer_runtime_kwargs(on_gpu: bool) -> dict[str, Any]:
         "gradient_checkpointing": False,
         "logging_steps": 1,
         "save_strategy": "no",
-        "report_to": "none",
+        "report_to": report_to,
         "disable_tqdm": True,
         "lr_scheduler_type": "constant",
     }
@@ -148,6 +175,15 @@ class RecipeSettings:
     env: str = field(
         default=DEFAULT_ENV, metadata={"help": "environment name or module:attribute"}
     )
+    report_to: str = field(
+        default="none",
+        metadata={
+            "help": "also send the trainer's logs to this tracker: none, tensorboard (event "
+            "files under <run>/trainer/runs/), wandb, trackio or mlflow; posttrain's own run "
+            "store and dashboard stay on",
+            "choices": tuple(TRACKERS),
+        },
+    )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
 
@@ -169,6 +205,11 @@ class RecipeSettings:
         if self.learning_rate is not None:
             return self.learning_rate, "flag"
         return self.default_learning_rate(parameters), "default for model size"
+
+    def trainer_output_dir(self, run_folder: Any) -> str | None:
+        """Where the trainer writes: the run folder's ``trainer/`` when a tracker is on (its
+        event files belong with the run), else None (a temporary folder)."""
+        return None if self.report_to == "none" else str(run_folder.file("trainer"))
 
     def to_config(self) -> dict[str, Any]:
         """Every field, for ``config.json``."""
@@ -192,6 +233,9 @@ def check_recipe_settings(settings: RecipeSettings) -> None:
     flags). Raises ``PosttrainError`` naming the flag and what it accepts.
     """
     check_data_config(settings.data_config())
+    tracker = tracker_problem(settings.report_to)
+    if tracker:
+        raise PosttrainError(tracker)
     check_seed("--seed", settings.seed)
     check_seed("--eval-seed", settings.eval_seed)
     rate = settings.learning_rate

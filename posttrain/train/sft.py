@@ -132,7 +132,7 @@ def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: s
         "completion_only_loss": True,
         "packing": False,
         "seed": settings.seed,
-        **trainer_runtime_kwargs(device.startswith("cuda")),
+        **trainer_runtime_kwargs(device.startswith("cuda"), settings.report_to),
     }
 
 

@@ -123,7 +123,7 @@ def train_sft(context: Any) -> Any:
     callbacks = [TrainerCallback(context.run, total_steps=settings.steps),
                  ConsoleProgress("training")]
     trainer = build_sft_trainer(context.policy, demos, settings, context.learning_rate,
-                                callbacks)
+                                callbacks, output_dir=settings.trainer_output_dir(context.folder))
     with quiet_transformers_warnings():
         trainer.train()
     trainer.model.save_pretrained(str(context.folder.adapter))
