@@ -302,3 +302,33 @@ def test_every_numeric_flag_refuses_nan_infinity_and_negatives_before_the_model_
                     check(settings)
                 checked += 1
         assert checked >= 15, f"{settings_class.__name__}: only {checked} flag values checked"
+
+
+def test_use_vllm_is_refused_here_with_what_is_missing_before_anything_is_written(tmp_path,
+                                                                                 capsys):
+    from posttrain.cli import main
+    from posttrain.train.grpo import vllm_problem
+
+    if vllm_problem() is None:
+        pytest.skip("vLLM and a CUDA GPU are here: nothing to refuse")
+    runs = tmp_path / "runs"
+    assert main(["grpo", "--use-vllm", "--vllm-mode", "server", "--runs-dir", str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert "--use-vllm:" in error and "leave --use-vllm out" in error
+    assert ("vllm package is not installed" in error) or ("no CUDA GPU" in error)
+    assert not runs.exists()
+    assert main(["grpo", "--vllm-server-url", "http://x:8000", "--runs-dir", str(runs)]) == 2
+    assert "only applies with --use-vllm" in capsys.readouterr().err
+
+
+def test_use_vllm_passes_through_to_trls_config():
+    import dataclasses
+
+    from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
+
+    settings = dataclasses.replace(GRPOSettings(), use_vllm=True, vllm_mode="server",
+                                   vllm_server_url="http://gpu-box:8000")
+    kwargs = grpo_config_kwargs(settings, 1e-5, "/tmp/out", "cuda:0")
+    assert (kwargs["use_vllm"], kwargs["vllm_mode"]) == (True, "server")
+    assert kwargs["vllm_server_base_url"] == "http://gpu-box:8000"
+    assert "use_vllm" not in grpo_config_kwargs(GRPOSettings(), 1e-5, "/tmp/out", "cpu")

@@ -103,6 +103,22 @@ class GRPOSettings(RecipeSettings):
             "metavar": "ALARMS",
         },
     )
+    use_vllm: bool = field(
+        default=False,
+        metadata={"help": "generate the training rollouts with vLLM (TRL's integration; "
+                          "needs the vllm package and a CUDA GPU)"},
+    )
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "with --use-vllm: colocate (vLLM in the training process, sharing "
+                          "the GPU) or server (a separate `trl vllm-serve` process)",
+                  "choices": ("colocate", "server")},
+    )
+    vllm_server_url: str | None = field(
+        default=None,
+        metadata={"help": "with --vllm-mode server: the vLLM server's base URL "
+                          "(default TRL's http://0.0.0.0:8000)", "metavar": "URL"},
+    )
     reward: str | None = field(
         default=None,
         metadata={
@@ -127,6 +143,25 @@ class GRPOSettings(RecipeSettings):
 
     def stop_on_alarms(self) -> tuple[str, ...]:
         return tuple(part.strip() for part in self.stop_on.split(",") if part.strip())
+
+
+def vllm_problem() -> str | None:
+    """Why vLLM generation cannot run here (no vllm package, no CUDA GPU), or None."""
+    import importlib.util
+
+    missing = []
+    if importlib.util.find_spec("vllm") is None:
+        missing.append("the vllm package is not installed (pip install vllm, on a CUDA "
+                       "machine)")
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        missing.append("there is no CUDA GPU on this machine")
+    return "; ".join(missing) or None
 
 
 def check_grpo_settings(settings: GRPOSettings) -> None:
@@ -168,6 +203,13 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         )
     if settings.monitor_every < 0:
         raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
+    if settings.use_vllm:
+        problem = vllm_problem()
+        if problem:
+            raise PosttrainError(f"--use-vllm: {problem}; leave --use-vllm out to generate "
+                                 "with the training model (TRL's default)")
+    elif settings.vllm_server_url:
+        raise PosttrainError("--vllm-server-url only applies with --use-vllm --vllm-mode server")
 
 
 def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:
@@ -207,6 +249,10 @@ def grpo_config_kwargs(
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "seed": settings.seed,
+        **({"use_vllm": True, "vllm_mode": settings.vllm_mode,
+            **({"vllm_server_base_url": settings.vllm_server_url}
+               if settings.vllm_server_url else {})}
+           if settings.use_vllm else {}),
         **trainer_runtime_kwargs(on_gpu, settings.report_to),
     }
 
