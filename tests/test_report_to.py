@@ -38,3 +38,22 @@ def test_tensorboard_gets_event_files_in_the_run_folder_and_the_store_stays_on(
     assert max(steps) == 3  # posttrain's own record is still written
     config = json.loads((runs / "tb" / "config.json").read_text())
     assert config["settings"]["report_to"] == "tensorboard"
+
+
+@pytest.mark.parametrize(("repo", "environment", "fragment"), [
+    ("not a repo", {}, "expected a Hub repo id OWNER/NAME"),
+    ("me/adapter", {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+    ("me/adapter", {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "",
+                    "HF_TOKEN": "", "HF_HOME": "EMPTY"}, "no Hub token"),
+])
+def test_push_to_hub_is_refused_before_anything_runs_when_it_cannot_happen(
+        tmp_path, capsys, monkeypatch, repo, environment, fragment):
+    for name, value in environment.items():
+        if value == "EMPTY":  # a Hub home with no stored token
+            value = str(tmp_path / "hf-home")
+        monkeypatch.setenv(name, value)
+    runs = tmp_path / "runs"
+    assert main(["sft", "--push-to-hub", repo, "--runs-dir", str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert f"--push-to-hub {repo}:" in error and fragment in error
+    assert not runs.exists()

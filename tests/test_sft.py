@@ -180,3 +180,18 @@ def test_from_run_refuses_a_base_model_its_adapter_does_not_fit(tmp_path):
     assert from_run_base_model(tmp_path / "runs", "cold", None) == "starter-2m"
     with pytest.raises(PosttrainError, match="does not fit --base-model 'starter'"):
         from_run_base_model(tmp_path / "runs", "cold", "starter")
+
+
+@pytest.mark.slow
+def test_the_adapter_folder_is_complete_for_serving(sft_run):
+    from peft import PeftConfig
+    from transformers import AutoTokenizer
+
+    adapter = sft_run / "adapter"
+    card = (adapter / "README.md").read_text()
+    summary = json.loads((sft_run / "summary.json").read_text())
+    assert f"Verdict: **{summary['verdict']}**" in card and "library_name: peft" in card
+    assert "posttrain model info starter-2m" in card  # a local base model says where it is
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter))  # the tokenizer travels along
+    assert tokenizer("Refund ORD-1234").input_ids
+    assert PeftConfig.from_pretrained(str(adapter)).r == 16

@@ -144,6 +144,19 @@ def finish_summary(
     summary["curves"] = {name: points[-1][1] for name, points in curves.items() if points}
     summary = json_safe(summary)
     folder = context.folder
+    if outcome.policy is not None:
+        from posttrain.runs.model_card import complete_adapter_folder, push_adapter
+
+        complete_adapter_folder(folder.adapter, context.policy.tokenizer, summary,
+                                {"recipe": summary.get("recipe"),
+                                 "settings": context.settings.to_config()})
+        repo = getattr(context.settings, "push_to_hub", None)
+        if repo and summary.get("status") == "done" and folder.adapter.is_dir():
+            summary["push_to_hub"] = push_adapter(folder.adapter, repo)
+            pushed = summary["push_to_hub"]
+            say(f"pushed the adapter to {pushed['url']}" if "url" in pushed
+                else f"! the upload to {repo} failed ({pushed['error']}); the adapter is in "
+                     f"{folder.adapter}")
     folder.write_json("summary.json", summary)
     write_report_markdown(folder.file("report.md"), summary, report)
     if curves:

@@ -184,6 +184,13 @@ class RecipeSettings:
             "choices": tuple(TRACKERS),
         },
     )
+    push_to_hub: str | None = field(
+        default=None,
+        metadata={"help": "after a finished run, upload the adapter folder (PEFT files, "
+                          "tokenizer, model card with the verdict) to this Hub repo; needs "
+                          "network access and a Hub token (HF_TOKEN or `hf auth login`)",
+                  "metavar": "OWNER/NAME"},
+    )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
 
@@ -236,6 +243,12 @@ def check_recipe_settings(settings: RecipeSettings) -> None:
     tracker = tracker_problem(settings.report_to)
     if tracker:
         raise PosttrainError(tracker)
+    if settings.push_to_hub is not None:
+        from posttrain.runs.model_card import push_problem
+
+        problem = push_problem(settings.push_to_hub)
+        if problem:
+            raise PosttrainError(f"--push-to-hub {settings.push_to_hub}: {problem}")
     check_seed("--seed", settings.seed)
     check_seed("--eval-seed", settings.eval_seed)
     rate = settings.learning_rate
