@@ -99,6 +99,24 @@ def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]
     return policy, str(from_folder.path) if from_folder else None
 
 
+def refuse_multi_process_launch() -> None:
+    """Stop a torchrun / accelerate launch of several processes: each would run the whole
+    recipe and write the same run folder (data parallel is not built yet, docs/scale.md)."""
+    import os
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    if world > 1:
+        raise PosttrainError(
+            f"this process was launched as one of {world} (WORLD_SIZE={world}, torchrun or "
+            "accelerate launch); posttrain's recipes do not run data-parallel yet, and each "
+            "process would train and write the same run folder. Run one process: "
+            "`posttrain grpo ...` (docs/scale.md)"
+        )
+
+
 def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
     """The base model for ``--from-run NAME``: the one that run trained on. ``asked`` (the
     ``--base-model`` flag) must be that one, or None; a run with no record of its base
@@ -140,6 +158,7 @@ def run_recipe(
 
     timings: dict[str, float] = {}
     started = time.monotonic()
+    refuse_multi_process_launch()
     check_recipe_settings(settings)
     check(settings)
     env = get_env(settings.env)
