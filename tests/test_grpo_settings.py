@@ -332,14 +332,3 @@ def test_use_vllm_passes_through_to_trls_config():
     assert (kwargs["use_vllm"], kwargs["vllm_mode"]) == (True, "server")
     assert kwargs["vllm_server_base_url"] == "http://gpu-box:8000"
     assert "use_vllm" not in grpo_config_kwargs(GRPOSettings(), 1e-5, "/tmp/out", "cpu")
-
-
-def test_a_multi_process_launch_is_refused_until_data_parallel_exists(tmp_path, capsys,
-                                                                      monkeypatch):
-    from posttrain.cli import main
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    runs = tmp_path / "runs"
-    assert main(["grpo", "--runs-dir", str(runs)]) == 2
-    assert "do not run data-parallel yet" in capsys.readouterr().err
-    assert not runs.exists()

@@ -17,13 +17,15 @@ from posttrain.progress import progress_bar
 class ConsoleProgress(HFTrainerCallback):
     """Shows ``label`` with a bar over ``max_steps`` optimizer steps."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, *, enabled: bool = True) -> None:
         self.label = label
+        self.enabled = enabled  # off on every process but the main one of a launch
         self._stack = ExitStack()
         self._update = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._update = self._stack.enter_context(progress_bar(self.label, state.max_steps))
+        self._update = self._stack.enter_context(
+            progress_bar(self.label, state.max_steps, enabled=self.enabled))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._update is not None:

@@ -286,7 +286,7 @@ def check_dpo_settings(settings: DPOSettings) -> None:
 
 def dpo_config_kwargs(
     settings: DPOSettings, learning_rate: float, output_dir: str, device: str,
-    parameters: int = 0,
+    parameters: int = 0, world_size: int = 1,
 ) -> dict[str, Any]:
     """The ``trl.DPOConfig`` arguments for these settings and a model of ``parameters``
     (pure: tested without TRL)."""
@@ -294,7 +294,7 @@ def dpo_config_kwargs(
     return {
         "output_dir": output_dir,
         "max_steps": settings.steps,
-        "per_device_train_batch_size": settings.batch_size,
+        "per_device_train_batch_size": settings.batch_size // world_size,
         "gradient_accumulation_steps": 1,
         "learning_rate": learning_rate,
         "beta": settings.resolved_beta(parameters),

@@ -120,6 +120,7 @@ def build_dpo_trainer(
     learning_rate: float,
     callbacks: list[Any],
     output_dir: str | None = None,
+    world_size: int = 1,
 ) -> Any:
     """A ready-to-train ``trl.DPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
     from transformers import PrinterCallback
@@ -130,7 +131,8 @@ def build_dpo_trainer(
     policy.model.train()
     with quiet_transformers_warnings():
         config = DPOConfig(**dpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
-                                               parameters=parameter_count(policy.model)))
+                                               parameters=parameter_count(policy.model),
+                                               world_size=world_size))
         trainer = DPOTrainer(
             model=policy.model,
             ref_model=None,  # with peft_config: the reference is the adapter switched off
@@ -182,10 +184,11 @@ def train_dpo(context: Any) -> Any:
     )
     callbacks = [
         TrainerCallback(context.run, total_steps=settings.steps),
-        ConsoleProgress("training"),
+        ConsoleProgress("training", enabled=context.ranks.is_main),
     ]
     trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks,
-                                output_dir=settings.trainer_output_dir(context.folder))
+                                output_dir=settings.trainer_output_dir(context.folder),
+                                world_size=context.ranks.world)
     with quiet_transformers_warnings():
         trainer.train()
     trainer.model.save_pretrained(str(context.folder.adapter))
@@ -193,5 +196,6 @@ def train_dpo(context: Any) -> Any:
     return TrainOutcome(
         policy=trained,
         history=list(trainer.state.log_history),
-        extra={"pair_report": report.to_dict(), "pairs": report.pairs},
+        extra={"pair_report": report.to_dict(), "pairs": report.pairs,
+               "trainer_world_size": trainer.args.world_size},
     )

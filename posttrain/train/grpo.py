@@ -135,6 +135,9 @@ class GRPOSettings(RecipeSettings):
     def completions_per_step(self) -> int:
         return self.batch_size if self.batch_size is not None else 4 * self.num_generations
 
+    def per_step_batch(self) -> int:
+        return self.completions_per_step()
+
     def completion_budget(self, multi_turn: bool = False) -> int:
         """``--max-completion-length``, or its default for the environment."""
         if self.max_completion_length is not None:
@@ -225,7 +228,7 @@ def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:
 
 def grpo_config_kwargs(
     settings: GRPOSettings, learning_rate: float, output_dir: str, device: str,
-    max_turns: int | None = None,
+    max_turns: int | None = None, world_size: int = 1,
 ) -> dict[str, Any]:
     """The ``trl.GRPOConfig`` arguments for these settings (pure: tested without TRL).
     ``max_turns``: the policy turns of a multi-turn environment's episode (TRL runs
@@ -235,7 +238,9 @@ def grpo_config_kwargs(
     return {
         "output_dir": output_dir,
         "max_steps": settings.steps,
-        "per_device_train_batch_size": settings.completions_per_step(),
+        # each process takes its share of the step's completions (whole groups are not
+        # needed per process: TRL gathers the rewards before computing advantages)
+        "per_device_train_batch_size": settings.completions_per_step() // world_size,
         "gradient_accumulation_steps": 1,
         "num_generations": settings.num_generations,
         "max_completion_length": settings.completion_budget(multi_turn),

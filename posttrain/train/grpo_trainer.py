@@ -49,6 +49,7 @@ def build_grpo_trainer(
     callbacks: list[Any],
     reward: RuleReward,
     output_dir: str | None = None,
+    world_size: int = 1,
 ) -> Any:
     """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
     from transformers import PrinterCallback
@@ -67,7 +68,8 @@ def build_grpo_trainer(
     with quiet_transformers_warnings():  # the config itself warns about checkpointing
         config = GRPOConfig(
             **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
-                                 max_turns=env.max_turns if multi_turn else None)  # type: ignore[attr-defined]
+                                 max_turns=env.max_turns if multi_turn else None,  # type: ignore[attr-defined]
+                                 world_size=world_size)
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
@@ -117,9 +119,13 @@ def train_grpo(context: Any) -> Any:
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run)
-    callbacks: list[Any] = [store_callback, ConsoleProgress("training"), signal_watch]
+    main = context.ranks.is_main
+    callbacks: list[Any] = [store_callback, ConsoleProgress("training", enabled=main),
+                            signal_watch]
     monitor = None
-    if settings.monitor_every > 0:
+    # the monitor samples the holdout on the main process only (local work, no collective:
+    # the other processes wait for it at the next step's gather)
+    if settings.monitor_every > 0 and main:
         monitor = HackMonitor(
             env=context.env,
             policy=context.policy,
@@ -149,6 +155,7 @@ def train_grpo(context: Any) -> Any:
         callbacks,
         reward,
         output_dir=settings.trainer_output_dir(context.folder),
+        world_size=context.ranks.world,
     )
     with quiet_transformers_warnings():
         trainer.train()
@@ -164,5 +171,7 @@ def train_grpo(context: Any) -> Any:
         history=list(trainer.state.log_history),
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
         extra={"monitor": monitor.summary() if monitor else None,
-               "signal": signal_watch.summary()},
+               "signal": signal_watch.summary(),
+               # what TRL saw: 2 under torchrun, or the launch fell apart into copies
+               "trainer_world_size": trainer.args.world_size},
     )

@@ -57,8 +57,17 @@ def evaluation_sampling(settings: Any, policy: Policy) -> SamplingParams:
 def evaluate_policy(
     context: RecipeContext, policy: Policy, *, repeats: int, label: str
 ) -> PolicyEvaluation:
-    """Sample ``eval_samples`` replies per holdout prompt, ``repeats`` times (seeded)."""
+    """Sample ``eval_samples`` replies per holdout prompt, ``repeats`` times (seeded).
+
+    Launched as several processes, each samples its share of the prompts and the rows are
+    gathered back in the holdout's order on every process (``posttrain.train.distributed``).
+    """
+    from posttrain.train.distributed import gather_in_order, shard
+
     settings = context.settings
+    ranks = context.ranks
+    holdout = context.data.holdout
+    mine = shard(holdout, ranks)
     params = evaluation_sampling(settings, policy)
     was_training = policy.model.training
     policy.model.eval()
@@ -66,17 +75,25 @@ def evaluate_policy(
         agent = ModelAgent(policy, params)
         evaluation = evaluate(
             context.env,
-            context.data.holdout,
+            mine,
             agent,
             samples=settings.eval_samples,
             seed=settings.eval_seed,
             repeats=repeats,
             label=label,
+            show_progress=ranks.is_main,
         )
     finally:
         if was_training:
             policy.model.train()
-    return PolicyEvaluation(runs=evaluation.runs, seconds=evaluation.seconds)
+    samples = settings.eval_samples
+    runs = [
+        # rows come in prompt order, `samples` per prompt: one group per prompt of my share
+        gather_in_order([rows[i * samples:(i + 1) * samples] for i in range(len(mine))],
+                        len(holdout), ranks)
+        for rows in evaluation.runs
+    ]
+    return PolicyEvaluation(runs=runs, seconds=evaluation.seconds)
 
 
 def _history_curves(history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -120,6 +137,7 @@ def finish_summary(
             "data": context.data.counts(),
             "alarms": outcome.alarms,
             "stop_reason": outcome.stop_reason,
+            "world_size": context.ranks.world,
             "timings": {key: round(value, 2) for key, value in timings.items()},
             **outcome.extra,
         }
@@ -151,7 +169,8 @@ def finish_summary(
                                 {"recipe": summary.get("recipe"),
                                  "settings": context.settings.to_config()})
         repo = getattr(context.settings, "push_to_hub", None)
-        if repo and summary.get("status") == "done" and folder.adapter.is_dir():
+        if (repo and context.ranks.is_main and summary.get("status") == "done"
+                and folder.adapter.is_dir()):
             summary["push_to_hub"] = push_adapter(folder.adapter, repo)
             pushed = summary["push_to_hub"]
             say(f"pushed the adapter to {pushed['url']}" if "url" in pushed

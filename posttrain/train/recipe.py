@@ -17,6 +17,7 @@ Nothing is written before every input has been checked.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
 from posttrain.policy.models import Policy, load_adapter, load_policy, merge_adapter
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
+from posttrain.runs.store import NullRun
 from posttrain.score.audit import RewardAudit, reward_audit
+from posttrain.train.distributed import Ranks
 from posttrain.train.rewards import RuleReward, load_reward_function
 from posttrain.train.settings import RecipeSettings, check_recipe_settings
 
@@ -65,6 +68,7 @@ class RecipeContext:
     reward: RuleReward  # the training reward (the environment's rule unless --reward)
     before_rows: list[dict[str, Any]] = field(default_factory=list)  # every base evaluation
     say: Callable[[str], None] = print
+    ranks: Ranks = field(default_factory=Ranks)  # this process's place in a launch
 
 
 def _versions() -> dict[str, str]:
@@ -99,22 +103,24 @@ def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]
     return policy, str(from_folder.path) if from_folder else None
 
 
-def refuse_multi_process_launch() -> None:
-    """Stop a torchrun / accelerate launch of several processes: each would run the whole
-    recipe and write the same run folder (data parallel is not built yet, docs/scale.md)."""
-    import os
+def _silent(line: str) -> None:
+    """The console of a process that is not the main one."""
 
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        world = 1
-    if world > 1:
+
+def check_world(settings: RecipeSettings, ranks: Ranks) -> None:
+    """Refuse what a launch of several processes cannot do (before anything loads): a
+    step's batch must split evenly across them, and a stop on an alarm, decided on the
+    main process, would leave the others waiting."""
+    if not ranks.distributed:
+        return
+    batch = settings.per_step_batch()
+    if batch % ranks.world:
         raise PosttrainError(
-            f"this process was launched as one of {world} (WORLD_SIZE={world}, torchrun or "
-            "accelerate launch); posttrain's recipes do not run data-parallel yet, and each "
-            "process would train and write the same run folder. Run one process: "
-            "`posttrain grpo ...` (docs/scale.md)"
-        )
+            f"--batch-size {batch} does not split across {ranks.world} processes: give a "
+            f"multiple of {ranks.world} (each process takes an equal share of every step)")
+    if getattr(settings, "stop_on", ""):
+        raise PosttrainError("--stop-on is not available with several processes yet: the "
+                             "alarm is raised on the main process only; leave it out")
 
 
 def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
@@ -154,26 +160,39 @@ def run_recipe(
     the prepared prompts, both before the model loads or anything is written."""
     from posttrain.policy.models import parameter_count
     from posttrain.runs.store import open_run
+    from posttrain.train import distributed
     from posttrain.train.measure import evaluate_policy, finish_summary
 
     timings: dict[str, float] = {}
     started = time.monotonic()
-    refuse_multi_process_launch()
-    check_recipe_settings(settings)
-    check(settings)
-    env = get_env(settings.env)
-    root = runs_root(settings.runs_dir)
-    if settings.from_run:
-        # an adapter only fits the model it was trained on: default to that one
-        settings.base_model = from_run_base_model(root, settings.from_run, settings.base_model)
-    if settings.base_model is None:  # the environment's own starter, else the starter
-        settings.base_model = getattr(env, "starter_model", None) or DEFAULT_STARTER
-    custom_reward = getattr(settings, "reward", None)
-    reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
-    data = prepare_data(settings.data_config(), env)
-    if check_data is not None:
-        check_data(settings, data)
-    folder = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
+    ranks = distributed.current_ranks()
+    distributed.start(ranks)
+    if not ranks.is_main:
+        say = _silent  # one console: the main process's
+    failure: BaseException | None = None
+    try:
+        check_recipe_settings(settings)
+        check(settings)
+        check_world(settings, ranks)
+        env = get_env(settings.env)
+        root = runs_root(settings.runs_dir)
+        if settings.from_run:
+            # an adapter only fits the model it was trained on: default to that one
+            settings.base_model = from_run_base_model(root, settings.from_run,
+                                                      settings.base_model)
+        if settings.base_model is None:  # the environment's own starter, else the starter
+            settings.base_model = getattr(env, "starter_model", None) or DEFAULT_STARTER
+        custom_reward = getattr(settings, "reward", None)
+        reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
+        data = prepare_data(settings.data_config(), env)
+        if check_data is not None:
+            check_data(settings, data)
+        # only the main process owns the run folder; the others write into a scratch one
+        folder = (check_new_run(root, settings.run_name, overwrite=settings.overwrite)
+                  if ranks.is_main else RunFolder(Path(tempfile.mkdtemp(prefix="posttrain-rank-"))))
+    except Exception as error:  # every rank learns that one of them cannot start
+        failure = error
+    distributed.agree(ranks, failure)
     timings["data_s"] = time.monotonic() - started
 
     mark = time.monotonic()
@@ -182,7 +201,8 @@ def run_recipe(
     learning_rate, learning_rate_source = settings.resolved_learning_rate(parameters)
     timings["load_s"] = time.monotonic() - mark
 
-    create_run_folder(folder, overwrite=settings.overwrite)
+    if ranks.is_main:
+        create_run_folder(folder, overwrite=settings.overwrite)
     config = {
         "recipe": recipe,
         "settings": settings.to_config(),
@@ -193,13 +213,17 @@ def run_recipe(
             "device": policy.device,
             "dtype": policy.dtype,
             "from_run": from_run_path,
+            "world_size": ranks.world,
+            "launcher": distributed.launcher(),
             **settings.resolved_defaults(parameters),
         },
         "data": {"source": data.source, "split": data.split, **data.counts()},
         "versions": _versions(),
     }
     folder.write_json("config.json", config)
-    run = open_run(settings.run_name, config, run_dir=folder.path, runs_root=root)
+    # one record of the run: the main process's (the others log nothing)
+    run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=root)
+           if ranks.is_main else NullRun())
     page = getattr(run, "url", None) or _local_run_page(root, settings.run_name)
     where = f"  dashboard: {page}" if page else ""
     say(f"posttrain {recipe}: run {settings.run_name} -> {folder.path}{where}")
@@ -212,7 +236,8 @@ def run_recipe(
     )
 
     context = RecipeContext(
-        recipe, settings, env, data, folder, policy, learning_rate, run, reward, say=say
+        recipe, settings, env, data, folder, policy, learning_rate, run, reward, say=say,
+        ranks=ranks,
     )
     summary: dict[str, Any] = {"recipe": recipe, "run_name": settings.run_name, "status": "failed"}
     outcome = TrainOutcome(policy=None)

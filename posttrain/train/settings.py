@@ -213,6 +213,10 @@ class RecipeSettings:
             return self.learning_rate, "flag"
         return self.default_learning_rate(parameters), "default for model size"
 
+    def per_step_batch(self) -> int:
+        """Examples per optimizer step, over every process (GRPO: completions)."""
+        return int(getattr(self, "batch_size", None) or 1)
+
     def trainer_output_dir(self, run_folder: Any) -> str | None:
         """Where the trainer writes: the run folder's ``trainer/`` when a tracker is on (its
         event files belong with the run), else None (a temporary folder)."""

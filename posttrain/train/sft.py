@@ -119,12 +119,12 @@ def check_sft_settings(settings: SFTSettings) -> None:
 
 
 def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: str,
-                      device: str) -> dict[str, Any]:
+                      device: str, world_size: int = 1) -> dict[str, Any]:
     """The ``trl.SFTConfig`` arguments for these settings (pure: tested without TRL)."""
     return {
         "output_dir": output_dir,
         "max_steps": settings.steps,
-        "per_device_train_batch_size": settings.batch_size,
+        "per_device_train_batch_size": settings.batch_size // world_size,
         "gradient_accumulation_steps": 1,
         "learning_rate": learning_rate,
         "max_length": settings.max_length,

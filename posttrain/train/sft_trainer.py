@@ -79,7 +79,7 @@ def write_demos(demos: list[Demo], path: Any) -> None:
 
 def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
                       learning_rate: float, callbacks: list[Any],
-                      output_dir: str | None = None) -> Any:
+                      output_dir: str | None = None, world_size: int = 1) -> Any:
     """A ready-to-train ``trl.SFTTrainer`` with a fresh LoRA adapter on ``policy.model``."""
     from transformers import PrinterCallback
     from trl import SFTConfig, SFTTrainer
@@ -89,7 +89,7 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     policy.model.train()
     with quiet_transformers_warnings():
         config = SFTConfig(**sft_config_kwargs(settings, learning_rate, output_dir,
-                                               policy.device))
+                                               policy.device, world_size))
         trainer = SFTTrainer(
             model=policy.model,
             args=config,
@@ -121,12 +121,14 @@ def train_sft(context: Any) -> Any:
         f"(~{epochs:.1f} passes over {len(demos)}), loss on the replies only"
     )
     callbacks = [TrainerCallback(context.run, total_steps=settings.steps),
-                 ConsoleProgress("training")]
+                 ConsoleProgress("training", enabled=context.ranks.is_main)]
     trainer = build_sft_trainer(context.policy, demos, settings, context.learning_rate,
-                                callbacks, output_dir=settings.trainer_output_dir(context.folder))
+                                callbacks, output_dir=settings.trainer_output_dir(context.folder),
+                                world_size=context.ranks.world)
     with quiet_transformers_warnings():
         trainer.train()
     trainer.model.save_pretrained(str(context.folder.adapter))
     trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
     return TrainOutcome(policy=trained, history=list(trainer.state.log_history),
-                        extra={"demo_report": report.to_dict(), "demos": report.kept})
+                        extra={"demo_report": report.to_dict(), "demos": report.kept,
+                               "trainer_world_size": trainer.args.world_size})

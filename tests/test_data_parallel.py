@@ -1,0 +1,83 @@
+"""Data parallel for real: `torchrun --nproc_per_node 2 -m posttrain grpo|dpo` on this CPU
+(gloo), checked for world size 2, one run folder, one metric row per step and the holdout
+rows of every prompt gathered once, in the order one process would write them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+COMMON = ["--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "2",
+          "--eval-repeats", "1"]
+
+
+def torchrun(args: list[str], runs, timeout: int = 900) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", "-m", "posttrain", *args, "--runs-dir", str(runs)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env=environment)
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.open()]
+
+
+def check_one_run(runs, name: str, steps: int) -> dict:
+    assert [path.name for path in runs.iterdir() if path.is_dir()] == [name]  # one folder
+    config = json.loads((runs / name / "config.json").read_text())
+    summary = json.loads((runs / name / "summary.json").read_text())
+    assert config["resolved"]["world_size"] == 2 and config["resolved"]["launcher"] == "torchrun"
+    assert summary["world_size"] == 2 and summary["status"] == "done"
+    # TRL itself trained on 2 processes (not two copies of a one-process run)
+    assert summary["trainer_world_size"] == 2
+    logged = [json.loads(line)["step"] for line in (runs / name / "metrics.jsonl").open()
+              if "loss" in json.loads(line)["metrics"]]
+    assert logged == list(range(1, steps + 1))  # each step once, from the main process
+    return summary
+
+
+def test_grpo_on_two_processes_writes_one_run_with_every_holdout_row_once(
+        starter_2m_folder, tmp_path):
+    runs = tmp_path / "runs"
+    done = torchrun(["grpo", *COMMON, "--steps", "2", "--num-generations", "4",
+                     "--monitor-every", "1", "--run-name", "ddp"], runs)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert done.stdout.count("posttrain grpo: run ddp") == 1  # one console
+    summary = check_one_run(runs, "ddp", 2)
+    assert summary["monitor"]["checks"]  # the monitor ran on the main process
+    # the same holdout, prompt by prompt and sample by sample, as one process writes it
+    from posttrain.data.prepare import DataConfig, prepare_data
+    from posttrain.envs import get_env
+
+    holdout = prepare_data(DataConfig(prompts=60, seed=0), get_env("refund")).holdout
+    rows = read_rows(runs / "ddp" / "holdout_before.jsonl")
+    assert [(row["prompt"], row["sample"]) for row in rows] == [
+        (record["prompt"], sample) for record in holdout for sample in range(2)]
+    assert len(read_rows(runs / "ddp" / "holdout_after.jsonl")) == 2 * len(holdout)
+
+
+def test_dpo_on_two_processes_trains_and_reports_like_one(starter_2m_folder, tmp_path):
+    runs = tmp_path / "runs"
+    done = torchrun(["dpo", *COMMON, "--steps", "2", "--batch-size", "4", "--pair-samples",
+                     "4", "--run-name", "ddp-dpo"], runs)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    check_one_run(runs, "ddp-dpo", 2)
+    assert (runs / "ddp-dpo" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_batch_that_does_not_split_across_the_processes_is_refused(starter_2m_folder,
+                                                                     tmp_path):
+    runs = tmp_path / "runs"
+    done = torchrun(["dpo", *COMMON, "--batch-size", "3", "--run-name", "odd"], runs,
+                    timeout=300)
+    assert done.returncode != 0
+    assert "does not split across 2 processes" in done.stderr
+    assert not runs.exists() or not any(runs.iterdir())
