@@ -497,6 +497,14 @@ def write_samples(runs_dir: Path, name: str) -> None:
     (folder / "holdout_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def finished_run_with_samples(runs_dir: Path, name: str) -> None:
+    """A finished run in the store with graded rows in its folder."""
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, name)
+    store.close()
+    write_samples(runs_dir, name)
+
+
 def test_samples_api_reads_the_run_folder(server, runs_dir):
     write_samples(runs_dir, "mt-run")
     status, _, body = raw_get(server, "/api/runs/mt-run/samples")
@@ -518,10 +526,7 @@ def test_samples_api_reads_the_run_folder(server, runs_dir):
 
 
 def test_an_episode_reads_as_a_conversation(server, runs_dir, page):
-    store = SqliteRunStore(runs_dir / "posttrain.db")
-    write_finished_run(store, "mt-run")
-    store.close()
-    write_samples(runs_dir, "mt-run")
+    finished_run_with_samples(runs_dir, "mt-run")
     page.goto(server.url + "/runs/mt-run")
     page.wait_for_selector("html[data-ready]")
     page.wait_for_selector("#samples-box .sample")
@@ -682,10 +687,7 @@ def test_curves_and_rows_export_as_csv_and_json(server, runs_dir):
 
 
 def test_the_page_downloads_a_curve_and_the_rows(server, runs_dir, page):
-    store = SqliteRunStore(runs_dir / "posttrain.db")
-    write_finished_run(store, "mt-run")
-    store.close()
-    write_samples(runs_dir, "mt-run")
+    finished_run_with_samples(runs_dir, "mt-run")
     page.goto(server.url + "/runs/mt-run")
     page.wait_for_selector("html[data-ready]")
     with page.expect_download() as download:

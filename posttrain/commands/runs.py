@@ -71,6 +71,15 @@ def _store(runs_dir: str | None):
     return root, (SqliteRunStore(path) if path.is_file() else None)
 
 
+def _existing_store(runs_dir: str | None):
+    """The runs folder and its store, which must exist (export and delete read it)."""
+    root, store = _store(runs_dir)
+    if store is None:
+        raise PosttrainError(f"no run store at {root / DB_FILENAME}: no run has been recorded "
+                             f"under {root} (pass --runs-dir or set $POSTTRAIN_RUNS)")
+    return root, store
+
+
 def run_list(args: argparse.Namespace) -> int:
     root, store = _store(args.runs_dir)
     runs = []
@@ -131,10 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
     from posttrain.atomic import write_text_atomic
     from posttrain.runs.export import export_run
 
-    root, store = _store(args.runs_dir)
-    if store is None:
-        raise PosttrainError(f"no run store at {root / DB_FILENAME}: no run has been recorded "
-                             f"under {root} (pass --runs-dir or set $POSTTRAIN_RUNS)")
+    root, store = _existing_store(args.runs_dir)
     with store:
         record = export_run(store, root, args.name)
     text = json.dumps(record, indent=1, allow_nan=False) + "\n"
@@ -152,10 +158,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_delete(args: argparse.Namespace) -> int:
     from posttrain.runs.removal import delete_run
 
-    root, store = _store(args.runs_dir)
-    if store is None:
-        raise PosttrainError(f"no run store at {root / DB_FILENAME}: no run has been recorded "
-                             f"under {root} (pass --runs-dir or set $POSTTRAIN_RUNS)")
+    root, store = _existing_store(args.runs_dir)
     with store:
         for name in args.names:
             print(delete_run(store, root, name, force=args.force).describe())

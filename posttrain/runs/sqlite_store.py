@@ -255,9 +255,7 @@ class SqliteRunStore(OpWriter):
                 (name,),
             ).fetchall()
             names = self._metric_names(connection, name)
-            checks = connection.execute(
-                "SELECT source, step, time, json_array_length(rows) FROM samples WHERE run = ?"
-                " ORDER BY step, source", (name,)).fetchall()
+            checks = self._sample_checks(connection, name)
         status, config, summary, started, updated, finished, step, total, eta = row
         return {
             "name": name, "status": self._status(status, updated, time.time()),
@@ -272,8 +270,7 @@ class SqliteRunStore(OpWriter):
                 for kind, s, t, message, details in alarms
             ],
             "metric_names": names,
-            "sample_checks": [{"source": source, "step": s, "time": t, "count": count}
-                              for source, s, t, count in checks],
+            "sample_checks": checks,
         }
 
     def _status(self, stored: str, updated: float | None, now: float) -> str:
@@ -319,8 +316,17 @@ class SqliteRunStore(OpWriter):
     def sample_checks(self, run: str) -> list[dict[str, Any]]:
         """The checks that kept graded replies: ``[{"source", "step", "time", "count"}]``
         in step order (``monitor``: holdout replies; ``rollouts``: training replies)."""
-        run_record = self.get_run(run)
-        return run_record["sample_checks"] if run_record else []
+        check_run_name(run)
+        with self._reader() as connection:
+            return self._sample_checks(connection, run)
+
+    @staticmethod
+    def _sample_checks(connection: sqlite3.Connection, run: str) -> list[dict[str, Any]]:
+        rows = connection.execute(
+            "SELECT source, step, time, json_array_length(rows) FROM samples WHERE run = ?"
+            " ORDER BY step, source", (run,)).fetchall()
+        return [{"source": source, "step": step, "time": moment, "count": count}
+                for source, step, moment, count in rows]
 
     def sample_rows(self, run: str, source: str, step: int) -> list[dict[str, Any]] | None:
         """The graded replies kept for (``source``, ``step``), or None."""

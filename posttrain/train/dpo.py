@@ -38,7 +38,7 @@ from typing import Any
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
-from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
+from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
 
 # loss types TRL 1.16's DPOTrainer accepts (checked against its DPOConfig help text)
 DPO_LOSS_TYPES = (
@@ -87,10 +87,7 @@ SEED_BETA = 0.1
 
 def dpo_default_learning_rate(parameters: int) -> float:
     """The DPO LoRA learning rate used when ``--learning-rate`` is not given."""
-    for limit, rate in DPO_LEARNING_RATE_BY_SIZE:
-        if parameters <= limit:
-            return rate
-    return DPO_LARGE_MODEL_LEARNING_RATE
+    return rate_for_size(DPO_LEARNING_RATE_BY_SIZE, DPO_LARGE_MODEL_LEARNING_RATE, parameters)
 
 
 @dataclass

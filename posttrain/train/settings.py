@@ -33,12 +33,19 @@ LEARNING_RATE_BY_SIZE = (
 LARGE_MODEL_LEARNING_RATE = 5e-6
 
 
-def default_learning_rate(parameters: int) -> float:
-    """The LoRA learning rate used when ``--learning-rate`` is not given."""
-    for limit, rate in LEARNING_RATE_BY_SIZE:
+def rate_for_size(table: tuple[tuple[float, float], ...], above: float,
+                  parameters: int) -> float:
+    """The rate of the first ``(parameter limit, rate)`` row the model fits under, else
+    ``above``: every recipe's default learning rate is such a table."""
+    for limit, rate in table:
         if parameters <= limit:
             return rate
-    return LARGE_MODEL_LEARNING_RATE
+    return above
+
+
+def default_learning_rate(parameters: int) -> float:
+    """The LoRA learning rate used when ``--learning-rate`` is not given."""
+    return rate_for_size(LEARNING_RATE_BY_SIZE, LARGE_MODEL_LEARNING_RATE, parameters)
 
 
 #: the trackers TRL can send its logs to next to posttrain's run store, and the package

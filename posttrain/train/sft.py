@@ -22,7 +22,7 @@ from typing import Any
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.train.demos import REFERENCE, load_demos
-from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
+from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
 
 #: SFT's LoRA rates by model size: a supervised step is steadier than a policy-gradient
 #: one, so the small models take the same rates as GRPO and the large ones a bit more
@@ -31,10 +31,7 @@ SFT_LARGE_MODEL_LEARNING_RATE = 2e-5
 
 
 def sft_default_learning_rate(parameters: int) -> float:
-    for limit, rate in SFT_LEARNING_RATE_BY_SIZE:
-        if parameters <= limit:
-            return rate
-    return SFT_LARGE_MODEL_LEARNING_RATE
+    return rate_for_size(SFT_LEARNING_RATE_BY_SIZE, SFT_LARGE_MODEL_LEARNING_RATE, parameters)
 
 
 @dataclass
