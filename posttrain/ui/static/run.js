@@ -42,6 +42,7 @@ const state = {
   extra: new Set(), // metrics the reader added with the "more metrics" buttons
   alarmsKey: "",
   samplesKey: "",
+  samplesTicket: 0, // the latest samples request; older answers are dropped
   pendingCategory: null,
   resultsKey: "",
   busy: false,
@@ -373,7 +374,10 @@ async function refreshSamples() {
   }
   const filters = { category: $("samples-category").value, outcome: $("samples-outcome").value,
     text: $("samples-text").value };
-  const categories = await showSamples($("samples-box"), state.name, which, filters);
+  const ticket = ++state.samplesTicket;
+  const categories = await showSamples($("samples-box"), state.name, which, filters,
+    () => ticket === state.samplesTicket);
+  if (ticket !== state.samplesTicket) return; // a newer choice is being shown
   if (categories) {
     const chosen = $("samples-category").value;
     fill($("samples-category"), h("option", { value: "" }, "every category"),

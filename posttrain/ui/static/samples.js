@@ -115,9 +115,10 @@ async function fetchRows(name, which, limit = 200) {
  * Fill ``box`` with run ``name``'s rows. ``which``: "after", "before", "compare" (before
  * and after side by side), "monitor:<step>" (the holdout replies the hack monitor graded
  * at that check) or "rollouts:<step>" (training replies up to that check). ``filters``:
- * see filterRows. Returns the categories found (for the filter's choices), or null.
+ * see filterRows. ``isCurrent()``: false once a newer request was made, so an answer that
+ * arrives late never replaces a newer one. Returns the categories found, or null.
  */
-export async function showSamples(box, name, which, filters = {}) {
+export async function showSamples(box, name, which, filters = {}, isCurrent = () => true) {
   let rows;
   let pairs = null;
   try {
@@ -129,9 +130,10 @@ export async function showSamples(box, name, which, filters = {}) {
       rows = await fetchRows(name, which);
     }
   } catch (error) {
-    fill(box, h("p", { className: "muted" }, `could not read the samples (${error.message})`));
+    if (isCurrent()) fill(box, h("p", { className: "muted" }, `could not read the samples (${error.message})`));
     return null;
   }
+  if (!isCurrent()) return null;
   if (!rows || !rows.length) {
     const what = which === "before" || which === "after"
       ? `no ${which}-training samples in this run's folder (yet)`
