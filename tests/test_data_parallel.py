@@ -69,8 +69,56 @@ def test_dpo_on_two_processes_trains_and_reports_like_one(starter_2m_folder, tmp
     done = torchrun(["dpo", *COMMON, "--steps", "2", "--batch-size", "4", "--pair-samples",
                      "4", "--run-name", "ddp-dpo"], runs)
     assert done.returncode in (0, 1), done.stderr[-3000:]
-    check_one_run(runs, "ddp-dpo", 2)
+    assert "split over 2 processes" in done.stdout
+    summary = check_one_run(runs, "ddp-dpo", 2)
     assert (runs / "ddp-dpo" / "adapter" / "adapter_model.safetensors").is_file()
+    # the pair sampling was split by prompt and merged: one process samples the same
+    # prompts with the same per-sample seeds, so it builds the same pairs (a token may
+    # flip where batch shapes change the last float bits, hence "nearly all")
+    from types import SimpleNamespace
+
+    from posttrain.data.prepare import DataConfig, prepare_data
+    from posttrain.envs import get_env
+    from posttrain.policy.models import load_policy
+    from posttrain.train.dpo import DPOSettings
+    from posttrain.train.dpo_trainer import policy_agent, sample_pairs
+    from posttrain.train.pairs import load_pairs
+
+    env = get_env("refund")
+    settings = DPOSettings(base_model="starter-2m", prompts=60, pair_samples=4, batch_size=4)
+    context = SimpleNamespace(settings=settings, env=env, say=lambda line: None,
+                              data=prepare_data(DataConfig(prompts=60, seed=0), env),
+                              policy=load_policy("starter-2m"))
+    alone, alone_report = sample_pairs(context, policy_agent(context))
+    report = summary["pair_report"]
+    assert report["prompts_seen"] == alone_report.prompts_seen  # every prompt, once
+    key = lambda pair: json.dumps([pair["prompt"], pair["chosen"], pair["rejected"]],  # noqa: E731
+                                  sort_keys=True)
+    merged = {key(pair) for pair in load_pairs(runs / "ddp-dpo" / "pairs.jsonl")[0]}
+    assert len(merged & {key(pair) for pair in alone}) >= 0.9 * len(alone)
+
+
+def test_accelerate_launch_runs_sft_on_two_processes(starter_2m_folder, tmp_path):
+    """`accelerate launch --multi_gpu` is the accelerate form that starts 2 processes on a
+    CPU (with `--cpu` it starts one); the world size is checked, not assumed."""
+    runs = tmp_path / "runs"
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+               "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+               "--dynamo_backend", "no", "--main_process_port", "0",
+               "-m", "posttrain", "sft", *COMMON, "--steps", "2", "--batch-size", "4",
+               "--run-name", "acc-sft", "--runs-dir", str(runs)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    config = json.loads((runs / "acc-sft" / "config.json").read_text())
+    assert config["resolved"]["launcher"] == "accelerate"
+    summary = json.loads((runs / "acc-sft" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["trainer_world_size"] == 2
+    assert [path.name for path in runs.iterdir() if path.is_dir()] == ["acc-sft"]
+    logged = [json.loads(line)["step"] for line in (runs / "acc-sft" / "metrics.jsonl").open()
+              if "loss" in json.loads(line)["metrics"]]
+    assert logged == [1, 2]
 
 
 def test_a_batch_that_does_not_split_across_the_processes_is_refused(starter_2m_folder,

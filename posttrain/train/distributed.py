@@ -28,6 +28,9 @@ from posttrain.errors import PosttrainError
 #: how long a rank waits at a collective for a slower peer (the hack monitor samples the
 #: holdout on rank 0 while the others wait)
 COLLECTIVE_TIMEOUT = timedelta(hours=2)
+#: set by ``accelerate launch`` in every process it starts (accelerate/utils/launch.py)
+ACCELERATE_LAUNCH_VARIABLES = ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND",
+                               "ACCELERATE_USE_CPU")
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,12 @@ def current_ranks() -> Ranks:
 
 
 def launcher() -> str:
-    """Which launcher started this process, for the run's config."""
+    """Which launcher started this process, for the run's config. ``accelerate launch
+    --multi_gpu`` starts its processes through torchrun, so its own variables go first."""
+    if any(os.environ.get(key) for key in ACCELERATE_LAUNCH_VARIABLES):
+        return "accelerate"
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         return "torchrun"
-    if os.environ.get("ACCELERATE_MIXED_PRECISION") or os.environ.get("ACCELERATE_USE_CPU"):
-        return "accelerate"
     return "one process"
 
 
@@ -127,3 +131,14 @@ def gather_in_order(mine: list[list[Any]], count: int, ranks: Ranks) -> list[Any
     for index in range(count):
         ordered.extend(everyone[index % ranks.world][index // ranks.world])
     return ordered
+
+
+def gather_all(mine: list[Any], ranks: Ranks) -> list[Any]:
+    """Every rank's items, rank 0's first (callers that need another order sort them)."""
+    if not ranks.distributed:
+        return list(mine)
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * ranks.world
+    dist.all_gather_object(everyone, mine)
+    return [item for items in everyone for item in items]

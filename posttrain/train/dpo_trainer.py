@@ -31,6 +31,7 @@ from posttrain.train.pairs import (
     build_preference_pairs,
     export_preference,
     load_pairs,
+    prompt_key,
     sample_pair_rows,
     summarize_pairs,
 )
@@ -67,23 +68,37 @@ def sample_pairs(context: Any, agent: Any) -> tuple[list[Pair], PairReport]:
     ``PosttrainError`` when no prompt had contrast, saying to raise ``--pair-samples``.
     """
     from posttrain.progress import progress_bar
+    from posttrain.train.distributed import Ranks, gather_all, shard
 
     settings: DPOSettings = context.settings
+    ranks: Ranks = getattr(context, "ranks", Ranks())
     train = context.data.train
     total = settings.pair_samples * len(train)
     context.say(
         f"pairs: sampling {settings.pair_samples} replies per train prompt "
-        f"({len({record['prompt'] for record in train})} distinct prompts, {total} replies)"
+        f"({len({record['prompt'] for record in train})} distinct prompts, {total} replies"
+        + (f", split over {ranks.world} processes" if ranks.distributed else "") + ")"
     )
-    with progress_bar("pairs: sampling", total) as update:
+    # launched as several processes, each samples the replies of its share of the distinct
+    # prompts (a sample's seed depends on its prompt and index, not on the process), and
+    # every process then builds the same pairs from all the rows
+    order = {key: position for position, key in
+             enumerate(dict.fromkeys(prompt_key(record["prompt"]) for record in train))}
+    mine_keys = set(shard(list(order), ranks))
+    mine = [record for record in train if prompt_key(record["prompt"]) in mine_keys]
+    with progress_bar("pairs: sampling", settings.pair_samples * len(mine),
+                      enabled=ranks.is_main) as update:
         rows = sample_pair_rows(
             context.env,
-            train,
+            mine,
             agent,
             settings.pair_samples,
             seed=settings.seed,
             progress=lambda done, _total: update(done),
         )
+    if ranks.distributed:
+        rows = sorted(gather_all(rows, ranks),
+                      key=lambda row: (order[prompt_key(row["prompt"])], row["sample"]))
     pairs, report = build_preference_pairs(
         rows,
         env=context.env,
