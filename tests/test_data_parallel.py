@@ -38,6 +38,7 @@ def check_one_run(runs, name: str, steps: int) -> dict:
     assert summary["world_size"] == 2 and summary["status"] == "done"
     # TRL itself trained on 2 processes (not two copies of a one-process run)
     assert summary["trainer_world_size"] == 2
+    assert summary["trainer_distributed_type"] == "MULTI_CPU"  # DDP over gloo
     logged = [json.loads(line)["step"] for line in (runs / name / "metrics.jsonl").open()
               if "loss" in json.loads(line)["metrics"]]
     assert logged == list(range(1, steps + 1))  # each step once, from the main process
@@ -115,6 +116,7 @@ def test_accelerate_launch_runs_sft_on_two_processes(starter_2m_folder, tmp_path
     assert config["resolved"]["launcher"] == "accelerate"
     summary = json.loads((runs / "acc-sft" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["trainer_world_size"] == 2
+    assert summary["trainer_distributed_type"] == "MULTI_CPU"
     assert [path.name for path in runs.iterdir() if path.is_dir()] == ["acc-sft"]
     logged = [json.loads(line)["step"] for line in (runs / "acc-sft" / "metrics.jsonl").open()
               if "loss" in json.loads(line)["metrics"]]
@@ -129,3 +131,24 @@ def test_a_batch_that_does_not_split_across_the_processes_is_refused(starter_2m_
     assert done.returncode != 0
     assert "does not split across 2 processes" in done.stderr
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_an_fsdp_config_on_a_cpu_trains_data_parallel_and_says_so(starter_2m_folder, tmp_path):
+    """The shipped FSDP example launches here, but accelerate trains plain data parallel on
+    CPUs; the run must say that rather than let a reader believe the model was sharded."""
+    from pathlib import Path
+
+    runs = tmp_path / "runs"
+    config = Path(__file__).parents[1] / "examples" / "accelerate" / "fsdp.yaml"
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+               "--mixed_precision", "no", "--main_process_port", "0",
+               "-m", "posttrain", "sft", *COMMON, "--steps", "1", "--batch-size", "4",
+               "--run-name", "fsdp", "--runs-dir", str(runs)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    summary = json.loads((runs / "fsdp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["trainer_distributed_type"] == "MULTI_CPU"
+    assert "asked for FSDP but the trainer ran MULTI_CPU" in summary["launch_warning"]
+    assert "! the accelerate config asked for FSDP" in done.stdout

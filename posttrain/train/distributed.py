@@ -142,3 +142,28 @@ def gather_all(mine: list[Any], ranks: Ranks) -> list[Any]:
     everyone: list[Any] = [None] * ranks.world
     dist.all_gather_object(everyone, mine)
     return [item for items in everyone for item in items]
+
+
+def trainer_launch(trainer: Any) -> dict[str, Any]:
+    """How the trainer itself ran, for the summary: the world size it saw (1 when a launch
+    fell apart into independent copies) and accelerate's distributed type (``MULTI_CPU``
+    for data parallel on CPUs, ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``, ``NO``), which shows
+    whether an FSDP or DeepSpeed config took effect."""
+    accelerator = getattr(trainer, "accelerator", None)
+    kind = getattr(getattr(accelerator, "state", None), "distributed_type", None)
+    return {"trainer_world_size": trainer.args.world_size,
+            "trainer_distributed_type": getattr(kind, "value", None if kind is None else str(kind))}
+
+
+def sharding_not_applied(distributed_type: str | None) -> str | None:
+    """A warning when ``accelerate launch`` was asked for FSDP or DeepSpeed (its launch
+    variables say so) but the trainer ran something else: on CPUs accelerate quietly
+    trains plain data parallel instead (seen with an FSDP config on this project's CPU)."""
+    asked = [name for name, variable in (("FSDP", "ACCELERATE_USE_FSDP"),
+                                         ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"))
+             if os.environ.get(variable, "").lower() == "true"]
+    if not asked or distributed_type is None or distributed_type.upper().startswith(
+            asked[0].upper()):
+        return None
+    return (f"the accelerate config asked for {asked[0]} but the trainer ran "
+            f"{distributed_type} (plain data parallel on CPUs: {asked[0]} needs GPUs)")

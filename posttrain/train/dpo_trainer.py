@@ -167,6 +167,7 @@ def train_dpo(context: Any) -> Any:
     from posttrain.policy.models import save_policy
     from posttrain.train.callbacks import TrainerCallback
     from posttrain.train.console import ConsoleProgress
+    from posttrain.train.distributed import trainer_launch
     from posttrain.train.recipe import TrainOutcome
 
     settings: DPOSettings = context.settings
@@ -212,5 +213,5 @@ def train_dpo(context: Any) -> Any:
         policy=trained,
         history=list(trainer.state.log_history),
         extra={"pair_report": report.to_dict(), "pairs": report.pairs,
-               "trainer_world_size": trainer.args.world_size},
+               **trainer_launch(trainer)},
     )

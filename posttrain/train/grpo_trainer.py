@@ -112,6 +112,7 @@ def train_grpo(context: Any) -> Any:
     from posttrain.train.console import ConsoleProgress
     from posttrain.train.measure import evaluation_sampling
     from posttrain.train.monitor import HackMonitor, MonitorSettings
+    from posttrain.train.distributed import trainer_launch
     from posttrain.train.recipe import TrainOutcome
     from posttrain.train.signal_watch import SignalWatch
 
@@ -173,5 +174,5 @@ def train_grpo(context: Any) -> Any:
         extra={"monitor": monitor.summary() if monitor else None,
                "signal": signal_watch.summary(),
                # what TRL saw: 2 under torchrun, or the launch fell apart into copies
-               "trainer_world_size": trainer.args.world_size},
+               **trainer_launch(trainer)},
     )

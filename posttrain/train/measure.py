@@ -142,6 +142,12 @@ def finish_summary(
             **outcome.extra,
         }
     )
+    from posttrain.train.distributed import sharding_not_applied
+
+    launch_warning = sharding_not_applied(summary.get("trainer_distributed_type"))
+    if launch_warning:
+        summary["launch_warning"] = launch_warning
+        say(f"! {launch_warning}")
     report = None
     if before is not None:
         noise = noise_band(before.runs) if len(before.runs) > 1 else None

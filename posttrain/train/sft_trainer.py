@@ -106,6 +106,7 @@ def train_sft(context: Any) -> Any:
     """The SFT recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
     from posttrain.train.callbacks import TrainerCallback
     from posttrain.train.console import ConsoleProgress
+    from posttrain.train.distributed import trainer_launch
     from posttrain.train.recipe import TrainOutcome
 
     settings: SFTSettings = context.settings
@@ -131,4 +132,4 @@ def train_sft(context: Any) -> Any:
     trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
     return TrainOutcome(policy=trained, history=list(trainer.state.log_history),
                         extra={"demo_report": report.to_dict(), "demos": report.kept,
-                               "trainer_world_size": trainer.args.world_size})
+                               **trainer_launch(trainer)})
