@@ -64,6 +64,13 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95)")
     group.add_argument(
+        "--sampler",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="what samples a model: transformers (posttrain's own loop, any device; default) "
+        "or vllm (needs the vllm package and a CUDA GPU; a hub model or local folder)",
+    )
+    group.add_argument(
         "--max-new-tokens",
         type=int,
         default=None,
@@ -85,6 +92,8 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
     """The agent the flags describe. A model is loaded only when asked for."""
     kind = args.agent or ("model" if args.base_model else "seeded")
     if kind == "seeded":
+        if getattr(args, "sampler", "transformers") == "vllm":
+            raise PosttrainError("--sampler vllm samples a model: give --base-model")
         if args.base_model or args.adapter:
             raise PosttrainError("--base-model/--adapter need --agent model (or no --agent)")
         scripted = env_hook(env, "scripted_agent", "has no scripted agent",
@@ -100,6 +109,8 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
             raise PosttrainError(f"--behaviour: {error}") from None
     if not args.base_model:
         raise PosttrainError("--agent model needs --base-model (e.g. --base-model starter)")
+    if getattr(args, "sampler", "transformers") == "vllm":
+        return vllm_agent(args)
     from posttrain.policy.model_agent import agent_for_model
 
     return agent_for_model(
@@ -109,3 +120,23 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
     )
+
+
+def vllm_agent(args: argparse.Namespace) -> Any:
+    """``--sampler vllm``: the model on a vLLM engine (refused here when it cannot run)."""
+    from posttrain.policy.model_agent import (
+        EVAL_TEMPERATURE,
+        MODEL_MAX_NEW_TOKENS,
+    )
+    from posttrain.policy.models import adapter_folder
+    from posttrain.policy.sampler import SamplingParams
+    from posttrain.policy.vllm_sampler import VllmAgent, check_vllm_sampler
+
+    check_vllm_sampler(args.base_model)
+    adapter = str(adapter_folder(args.adapter)) if args.adapter else None
+    params = SamplingParams(
+        temperature=EVAL_TEMPERATURE if args.temperature is None else args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens or MODEL_MAX_NEW_TOKENS,
+    )
+    return VllmAgent(args.base_model, adapter, params)

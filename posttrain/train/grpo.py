@@ -32,6 +32,7 @@ from typing import Any
 from posttrain.data.prepare import PreparedData
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
+from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
@@ -146,25 +147,6 @@ class GRPOSettings(RecipeSettings):
 
     def stop_on_alarms(self) -> tuple[str, ...]:
         return tuple(part.strip() for part in self.stop_on.split(",") if part.strip())
-
-
-def vllm_problem() -> str | None:
-    """Why vLLM generation cannot run here (no vllm package, no CUDA GPU), or None."""
-    import importlib.util
-
-    missing = []
-    if importlib.util.find_spec("vllm") is None:
-        missing.append("the vllm package is not installed (pip install vllm, on a CUDA "
-                       "machine)")
-    try:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
-    if not has_cuda:
-        missing.append("there is no CUDA GPU on this machine")
-    return "; ".join(missing) or None
 
 
 def check_grpo_settings(settings: GRPOSettings) -> None:

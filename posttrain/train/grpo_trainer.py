@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,7 +88,38 @@ def build_grpo_trainer(
         )
     # our console progress and the run store replace the raw log dicts printed to stdout
     trainer.remove_callback(PrinterCallback)
+    time_generation(trainer)
     return trainer
+
+
+def time_generation(trainer: Any) -> None:
+    """Log the seconds each step spends generating completions as ``generation_time``,
+    beside TRL's own ``step_time``: generation is what dominates a GRPO step (the field's
+    first complaint, and the reason for ``--use-vllm``), and TRL only reports it to
+    wandb/mlflow/trackio. Wraps TRL's ``_generate`` on this one trainer (one call per step
+    with posttrain's config); a TRL without that method logs nothing extra."""
+    generate = getattr(trainer, "_generate", None)
+    metrics = getattr(trainer, "_metrics", {}).get("train")
+    if generate is None or metrics is None:
+        return
+
+    def timed_generate(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            metrics["generation_time"].append(time.perf_counter() - started)
+
+    trainer._generate = timed_generate
+
+
+def generation_share(history: list[dict[str, Any]]) -> float | None:
+    """Seconds generating over seconds stepping, over the whole run (None if not logged)."""
+    generating = sum(entry["generation_time"] for entry in history
+                     if isinstance(entry.get("generation_time"), (int, float)))
+    stepping = sum(entry["step_time"] for entry in history
+                   if isinstance(entry.get("step_time"), (int, float)))
+    return round(generating / stepping, 4) if generating and stepping else None
 
 
 @contextmanager
@@ -110,9 +142,9 @@ def train_grpo(context: Any) -> Any:
 
     from posttrain.train.callbacks import TrainerCallback
     from posttrain.train.console import ConsoleProgress
+    from posttrain.train.distributed import trainer_launch
     from posttrain.train.measure import evaluation_sampling
     from posttrain.train.monitor import HackMonitor, MonitorSettings
-    from posttrain.train.distributed import trainer_launch
     from posttrain.train.recipe import TrainOutcome
     from posttrain.train.signal_watch import SignalWatch
 
@@ -165,6 +197,10 @@ def train_grpo(context: Any) -> Any:
     stopped_by = monitor.stopped_by if monitor else None
     if signal_watch.describe():
         context.say(signal_watch.describe())
+    share = generation_share(trainer.state.log_history)
+    if share is not None:
+        context.say(f"generation took {share:.0%} of the training steps' time"
+                    + ("" if settings.use_vllm else " (--use-vllm speeds it up on a GPU)"))
     return TrainOutcome(
         policy=trained,
         status="stopped" if stopped_by else "done",
@@ -173,6 +209,7 @@ def train_grpo(context: Any) -> Any:
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
         extra={"monitor": monitor.summary() if monitor else None,
                "signal": signal_watch.summary(),
+               "generation_share": generation_share(trainer.state.log_history),
                # what TRL saw: 2 under torchrun, or the launch fell apart into copies
                **trainer_launch(trainer)},
     )

@@ -54,6 +54,17 @@ def evaluation_sampling(settings: Any, policy: Policy) -> SamplingParams:
     )
 
 
+def evaluation_agent(settings: Any, policy: Policy, params: SamplingParams) -> Any:
+    """What samples the holdout: the policy in memory through posttrain's own sampler, or
+    with ``--sampler vllm`` a vLLM engine on the base model and the adapter saved on disk
+    (the after-evaluation runs once the trainer wrote ``adapter/``)."""
+    if getattr(settings, "sampler", "transformers") != "vllm":
+        return ModelAgent(policy, params)
+    from posttrain.policy.vllm_sampler import VllmAgent
+
+    return VllmAgent(settings.base_model or policy.name, policy.adapter, params)
+
+
 def evaluate_policy(
     context: RecipeContext, policy: Policy, *, repeats: int, label: str
 ) -> PolicyEvaluation:
@@ -71,8 +82,9 @@ def evaluate_policy(
     params = evaluation_sampling(settings, policy)
     was_training = policy.model.training
     policy.model.eval()
+    agent = None
     try:
-        agent = ModelAgent(policy, params)
+        agent = evaluation_agent(settings, policy, params)
         evaluation = evaluate(
             context.env,
             mine,
@@ -86,6 +98,8 @@ def evaluate_policy(
     finally:
         if was_training:
             policy.model.train()
+        if hasattr(agent, "close"):  # a vLLM engine gives its GPU memory back
+            agent.close()
     samples = settings.eval_samples
     runs = [
         # rows come in prompt order, `samples` per prompt: one group per prompt of my share

@@ -20,6 +20,7 @@ from posttrain.data.prepare import (
 )
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
+from posttrain.policy.vllm_sampler import SAMPLERS
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
 # is for a 1.5B model; the tiny starter learns nothing visible at that rate in 40 steps
@@ -164,6 +165,13 @@ class RecipeSettings:
         default=0.8, metadata={"help": "sampling temperature of the evaluations"}
     )
     eval_top_p: float = field(default=0.95, metadata={"help": "top-p of the evaluations"})
+    sampler: str = field(
+        default="transformers",
+        metadata={"help": "what samples the before/after holdout evaluations: transformers "
+                          "(posttrain's own loop, any device) or vllm (needs the vllm package "
+                          "and a CUDA GPU; a hub model or local folder, not a starter)",
+                  "choices": SAMPLERS},
+    )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-run",
         metadata={"help": "the run's name: its folder and dashboard entry"},
@@ -262,6 +270,14 @@ def check_recipe_settings(settings: RecipeSettings) -> None:
             raise PosttrainError(f"--push-to-hub {settings.push_to_hub}: {problem}")
     check_seed("--seed", settings.seed)
     check_seed("--eval-seed", settings.eval_seed)
+    if settings.sampler == "vllm":
+        from posttrain.policy.vllm_sampler import check_vllm_sampler
+
+        if settings.from_run:
+            raise PosttrainError("--sampler vllm with --from-run: the policy starts as an "
+                                 "adapter merged in memory, which vLLM cannot load; leave "
+                                 "--sampler out for this run")
+        check_vllm_sampler(settings.base_model)
     rate = settings.learning_rate
     if rate is not None and not (_finite(rate) and rate > 0):
         raise PosttrainError(
