@@ -361,7 +361,7 @@ def test_tiles_keep_thinning_exact_when_a_point_is_overwritten(store):
 
 
 @given(values=st.lists(st.floats(-1e6, 1e6), min_size=300, max_size=3000),
-       budget=st.integers(3, 60))
+       budget=st.integers(4, 60))  # under 4 points the ends and both extremes cannot all fit
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_thinned_curves_keep_the_extremes_and_both_ends_whatever_the_series(store, values,
@@ -373,6 +373,13 @@ def test_thinned_curves_keep_the_extremes_and_both_ends_whatever_the_series(stor
     assert steps[0] == 0 and steps[-1] == len(values) - 1
     assert min(values) in kept and max(values) in kept
     assert all(values[step] == value for step, value in zip(steps, kept, strict=True))
+
+
+def test_a_budget_under_four_points_keeps_the_ends(store):
+    write_curve(store, "tiny-budget", [0.0] * 150 + [1.0] + [0.0] * 149)
+    for budget, expected in ((3, [0, 299]), (2, [0, 299]), (1, [299])):
+        assert store.metric_series("tiny-budget", "loss", max_points=budget)["steps"] == expected
+    assert 1.0 in store.metric_series("tiny-budget", "loss", max_points=4)["values"]
 
 
 def test_a_store_written_before_tiles_gets_them_when_opened(tmp_path):

@@ -357,8 +357,9 @@ class SqliteRunStore(OpWriter):
         ``count`` is how many points are stored (after ``after_step`` when given: only
         steps strictly greater, for incremental polling). With ``max_points`` the points
         are thinned to at most that many inside SQLite (``_thinned_rows``: each step range
-        keeps its min and max, plus the first and last point). An unknown metric gives
-        empty lists.
+        keeps its min and max, plus the first and last point; from 4 points on, the
+        curve's own min and max always survive, under 4 only the ends do). An unknown
+        metric gives empty lists.
         """
         check_run_name(run)
         where = "run = ? AND name = ?" + (" AND step > ?" if after_step is not None else "")
