@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,14 +57,14 @@ def server(runs_dir):
 
 
 def raw_get(server, path: str, method: str = "GET", body: bytes | None = None,
-            headers: dict | None = None) -> tuple[int, dict, bytes]:
+            headers: dict | None = None) -> tuple[int, Any, bytes]:
     """One request with the path sent exactly as given (urllib would normalise '..')."""
     host, port = server.server_address[:2]
     connection = http.client.HTTPConnection(host, port, timeout=10)
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+        return response.status, response.headers, response.read()  # names in any case
     finally:
         connection.close()
 
@@ -110,7 +111,7 @@ def test_paths_cannot_escape_the_static_folder_or_the_run_names(server, path):
 def test_a_run_page_for_an_unsafe_run_name_is_refused(server, name):
     status, _, body = raw_get(server, f"/runs/{name}")
     assert status == 400, name
-    assert "run name" in json.loads(body)["error"]
+    assert "run name" in json.loads(body)["error"]["message"]
 
 
 def test_ingest_with_a_wrong_token_is_refused_on_the_dashboard_server(server):
@@ -521,7 +522,7 @@ def test_samples_api_reads_the_run_folder(server, runs_dir):
                             ("which=monitor", "needs step="),
                             ("limit=x", "whole number"), ("limit=201", "between 1")):
         status, _, body = raw_get(server, f"/api/runs/mt-run/samples?{query}")
-        assert status == 400 and fragment in json.loads(body)["error"]
+        assert status == 400 and fragment in json.loads(body)["error"]["message"]
     assert raw_get(server, "/api/runs/..hidden/samples")[0] == 400
 
 

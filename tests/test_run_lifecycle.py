@@ -189,7 +189,7 @@ def test_the_delete_endpoint_checks_token_content_type_and_liveness(tmp_path):
         assert post(server, "/api/runs/old/delete", {}, content_type="text/plain")[0] == 415
         assert post(server, "/api/runs/old/delete", {"force": "yes"})[0] == 400
         status, answer = post(server, "/api/runs/live/delete", {})
-        assert status == 409 and "still running" in answer["error"]
+        assert status == 409 and "still running" in answer["error"]["message"]
         assert post(server, "/api/runs/nosuch/delete", {})[0] == 404
         status, answer = post(server, "/api/runs/old/delete", {})
         assert status == 200 and answer == {"ok": True, "deleted": "old", "record": True,

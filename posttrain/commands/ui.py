@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import threading
 
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import is_loopback
@@ -77,13 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise PosttrainError(f"--port must be between 0 and 65535, got {args.port}")
     store_path = runs_root(args.runs_dir) / DB_FILENAME
-    try:
-        server = dashboard_server(store_path, args.host, args.port, token)
-    except OSError as error:
-        raise PosttrainError(
-            f"cannot listen on {args.host}:{args.port} ({error.strerror or error}): "
-            "choose another --port (0 picks a free one) or stop what is using it"
-        ) from None
+    server = dashboard_server(store_path, args.host, args.port, token)
     port = server.server_address[1]
     url = dashboard_url(args.host, port)
     print(f"posttrain ui: serving {store_path} at {url}  (Ctrl-C to stop)", flush=True)
@@ -97,9 +92,11 @@ def run(args: argparse.Namespace) -> int:
         # recipes started on this runs folder print their run page's URL; Ctrl-C and
         # SIGTERM stop it even when started in the background with SIGINT ignored
         with interruptible(), announce_dashboard(store_path.parent, url):
-            server.serve_forever(poll_interval=0.5)
+            server.start()
+            threading.Event().wait()
     except KeyboardInterrupt:
         print("posttrain ui: stopped", flush=True)
     finally:
+        server.shutdown()
         server.server_close()
     return 0

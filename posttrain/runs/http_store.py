@@ -226,8 +226,10 @@ class HttpRunStore(OpWriter):
 
 
 def _error_message(error: urllib.error.HTTPError) -> str:
+    from posttrain.http_core import error_text
+
     try:
         payload = json.loads(error.read().decode("utf-8", "replace") or "{}")
-        return str(payload.get("error") or error.reason)
+        return error_text(payload, str(error.reason))
     except (ValueError, OSError, AttributeError):
         return str(error.reason)

@@ -191,12 +191,12 @@ def add_dashboard(server: RunServer) -> RunServer:
         return json_response({"run": name, "which": which, "available": rows is not None,
                               "rows": rows or [], "checks": checks})
 
-    server.add_route("GET", r"/", run_list)
-    server.add_route("GET", r"/runs/(?P<name>[^/]+)", run_page)
-    server.add_route("GET", r"/compare", compare_page)
-    server.add_route("GET", r"/static/(?P<file>[^/]+)", static)
-    server.add_route("GET", r"/favicon\.ico", no_icon)
-    server.add_route("GET", r"/api/runs/(?P<name>[^/]+)/samples", samples)
+    server.add_route("GET", "/", run_list)
+    server.add_route("GET", "/runs/{name}", run_page)
+    server.add_route("GET", "/compare", compare_page)
+    server.add_route("GET", "/static/{file}", static)
+    server.add_route("GET", "/favicon.ico", no_icon)
+    server.add_route("GET", "/api/runs/{name}/samples", samples)
 
     def rows_export(request: Request) -> Response:
         """Every graded row of one holdout evaluation file, as JSON or CSV (a download)."""
@@ -212,6 +212,8 @@ def add_dashboard(server: RunServer) -> RunServer:
         if rows is None:
             raise HttpError(404, f"run {name!r} has no {SAMPLE_FILES[which]} (yet)")
         filename = f"{name}-holdout-{which}"
+        if request.match["format"] not in ("json", "csv"):
+            raise HttpError(404, f"rows.{request.match['format']}: ask for rows.json or rows.csv")
         if request.match["format"] == "csv":
             return csv_response(list(ROW_CSV_FIELDS),
                                 [[_csv_cell(row.get(key)) for key in ROW_CSV_FIELDS]
@@ -220,7 +222,7 @@ def add_dashboard(server: RunServer) -> RunServer:
         response.headers["Content-Disposition"] = f'attachment; filename="{filename}.json"'
         return response
 
-    server.add_route("GET", r"/api/runs/(?P<name>[^/]+)/rows\.(?P<format>json|csv)", rows_export)
+    server.add_route("GET", "/api/runs/{name}/rows.{format}", rows_export)
     return server
 
 

@@ -87,6 +87,13 @@ export async function getJSON(url) {
 
 // --- formatting ---------------------------------------------------------------------------
 
+// the servers' one error envelope: {"error": {"status", "message"}}
+export function errorText(data, status) {
+  const error = data && data.error;
+  if (error && typeof error === "object" && error.message) return error.message;
+  return error ? String(error) : `HTTP ${status}`;
+}
+
 export function isNumber(value) {
   return typeof value === "number" && Number.isFinite(value);
 }

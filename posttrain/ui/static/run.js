@@ -13,6 +13,7 @@ import {
   fill, fmtAgo, fmtDate, fmtDuration, fmtInt, getJSON, h, isNumber, postJSON, serverNow,
   statusInfo,
   statusPill,
+  errorText,
 } from "./common.js";
 import {
   categoryTable, configTable, forestPlot, headline, keySettings, pairReport, signalReport,
@@ -56,7 +57,7 @@ const $ = (id) => document.getElementById(id);
 async function fetchRun(name) {
   const { status, data } = await getJSON(`/api/runs/${encodeURIComponent(name)}`);
   if (status === 404) return null;
-  if (status !== 200) throw new Error(data.error || `HTTP ${status}`);
+  if (status !== 200) throw new Error(errorText(data, status));
   return data;
 }
 
@@ -64,7 +65,7 @@ async function fetchSeries(name, metrics, after = null) {
   const query = new URLSearchParams({ names: metrics.join(","), max_points: String(MAX_POINTS) });
   if (after !== null) query.set("after", String(after));
   const { status, data } = await getJSON(`/api/runs/${encodeURIComponent(name)}/metrics?${query}`);
-  if (status !== 200) throw new Error(data.error || `HTTP ${status}`);
+  if (status !== 200) throw new Error(errorText(data, status));
   return data.series;
 }
 
@@ -458,7 +459,7 @@ async function deleteRun() {
   if (status === 200) {
     window.location.assign("/");
   } else {
-    window.alert(`Not deleted: ${data.error || `HTTP ${status}`}`);
+    window.alert(`Not deleted: ${errorText(data, status)}`);
   }
 }
 

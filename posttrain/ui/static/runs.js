@@ -7,6 +7,7 @@
 import {
   fill, fmtAgo, fmtDate, fmtDuration, fmtInt, fmtInterval, fmtSigned, getJSON, h, isNumber,
   serverNow, statusPill, verdictFamily, verdictPill,
+  errorText,
 } from "./common.js";
 
 const POLL_MS = 2000;
@@ -124,7 +125,7 @@ async function poll() {
   if (document.hidden) return;
   try {
     const { status, data } = await getJSON("/api/runs");
-    if (status !== 200) throw new Error(data.error || `HTTP ${status}`);
+    if (status !== 200) throw new Error(errorText(data, status));
     connection.textContent = "live";
     connection.className = "conn";
     const payload = JSON.stringify(data.runs);

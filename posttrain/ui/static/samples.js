@@ -5,7 +5,7 @@
 // its tool calls and the tool results that came back. Text goes in through textContent
 // only (h() in common.js), so nothing a policy wrote can become markup.
 
-import { fill, getJSON, h } from "./common.js";
+import { fill, getJSON, h, errorText } from "./common.js";
 
 const TOOL_CALL = /<tool_call>\s*([\s\S]*?)\s*<\/tool_call>/g;
 
@@ -107,7 +107,7 @@ async function fetchRows(name, which, limit = 200) {
   const [source, step] = which.split(":");
   const query = step !== undefined ? `which=${source}&step=${step}` : `which=${source}&limit=${limit}`;
   const { status, data } = await getJSON(`/api/runs/${encodeURIComponent(name)}/samples?${query}`);
-  if (status !== 200) throw new Error(data.error || `HTTP ${status}`);
+  if (status !== 200) throw new Error(errorText(data, status));
   return data.available ? data.rows : null;
 }
 

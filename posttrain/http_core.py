@@ -1,0 +1,466 @@
+"""One HTTP core for posttrain's servers: Starlette on uvicorn.
+
+The run server (and the dashboard on it) and the training service are built on this, so
+they answer the same way:
+
+- **Binding**: loopback unless told otherwise; any other address needs a token
+  (``check_bind``). A port already taken is a ``PosttrainError`` naming it.
+- **Forged browser requests** are refused first (``posttrain.http_guard``).
+- **The token** (``Authorization: Bearer <token>``) is checked from the headers, before a
+  body is read; a refused request's connection is closed with its body unread.
+- **Body limit**: a body whose ``Content-Length`` is over the limit is answered 413 at
+  once, and the body is then drained and dropped (up to ``DRAIN_LIMIT``) so a client
+  still sending it reads the 413 rather than a reset connection. A chunked body is
+  refused (411): send a length. A request with neither has no body (RFC 9112).
+- **Stalled clients**: a client that stops mid-body for ``read_timeout_s`` is answered 408
+  and dropped; an idle connection is closed by uvicorn after a few seconds.
+- **One error envelope** for every refusal, unknown path, wrong method, bad input and bug:
+  ``{"error": {"status": <int>, "message": <str>}}``. A bug is answered 500 with its type,
+  logged to stderr, and the server keeps serving.
+- **JSON out** never holds NaN or Infinity (no browser parses them): they go out as null.
+
+Handlers are plain functions ``handler(Request) -> Response`` run in uvicorn's thread
+pool (the stores and the engine are synchronous); paths use Starlette's syntax
+(``/api/runs/{name}``), whose parameters arrive in ``request.match``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from posttrain.errors import PosttrainError
+from posttrain.http_guard import foreign_request, is_loopback
+from posttrain.jsonl import strict_json_loads
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DRAIN_LIMIT = 64 * 1024 * 1024  # past this, a refused body is not drained: the client is cut
+READ_TIMEOUT_SECONDS = 30.0
+TOKEN_HINT = "send 'Authorization: Bearer <token>' with the server's token (POSTTRAIN_TOKEN)"
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class HttpError(Exception):
+    """Raise in a handler to answer ``status`` with the error envelope."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Request:
+    """What a handler sees: method, path, the path's parameters, query, headers, body."""
+
+    method: str
+    path: str
+    match: Mapping[str, str]
+    query: dict[str, list[str]]
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+    def param(self, name: str, default: str | None = None) -> str | None:
+        """The first value of query parameter ``name``, or ``default``."""
+        values = self.query.get(name)
+        return values[0] if values else default
+
+    def json(self, *, empty: Any = None) -> Any:
+        """The body parsed as strict JSON (no NaN, Infinity or 1e400); an empty body gives
+        ``empty`` when that is not None. ``HttpError(400)`` otherwise."""
+        if empty is not None and not self.body.strip():
+            return empty
+        try:
+            return strict_json_loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            raise HttpError(400, f"request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise HttpError(400, "request body is nested too deeply") from None
+
+
+@dataclass
+class Response:
+    """An answer: status, body bytes, content type and extra headers."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Request], Response]
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def json_bytes(payload: Any) -> bytes:
+    """Compact UTF-8 JSON; a non-finite number goes out as null."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(finite(payload), separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(status, json_bytes(payload))
+
+
+def error_envelope(status: int, message: str) -> dict[str, Any]:
+    """The one shape of every error answer."""
+    return {"error": {"status": status, "message": message}}
+
+
+def error_text(payload: Any, fallback: str) -> str:
+    """The message of an error answer (for clients of these servers)."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    return str(error) if error else fallback
+
+
+def error_response(status: int, message: str) -> Response:
+    return json_response(error_envelope(status, message), status)
+
+
+def check_bind(host: str, token: str | None, what: str = "the server") -> None:
+    """Refuse to listen beyond loopback without a token."""
+    if not is_loopback(host) and not token:
+        raise PosttrainError(
+            f"binding {host} exposes {what} beyond this machine; pass --token <secret> "
+            "(clients then send 'Authorization: Bearer <secret>') or bind 127.0.0.1")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a server enforces before a handler runs (module docstring)."""
+
+    token: str | None = None
+    #: which requests need the token: ``needs_token(method, path)``; all of them by default
+    needs_token: Callable[[str, str], bool] = lambda method, path: True
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    read_timeout_s: float = READ_TIMEOUT_SECONDS
+    name: str = "posttrain server"  # for the lines it logs
+    verbose: bool = False  # log every request (uvicorn's access log)
+
+
+def token_ok(headers: Mapping[str, str], token: str | None) -> bool:
+    if token is None:
+        return True
+    given = headers.get("authorization", "")
+    return hmac.compare_digest(given.encode("utf-8"), f"Bearer {token}".encode())
+
+
+# ------------------------------------------------------------------ the ASGI layers
+
+
+async def send_response(send: Any, response: Response, *, close: bool = False,
+                        hold_open: bool = False) -> None:
+    """Send ``response``; ``hold_open`` leaves the ASGI response unfinished (the bytes are
+    all sent) so the caller can still drain the request body before finishing it."""
+    headers = [(b"content-type", response.content_type.encode()),
+               (b"content-length", str(len(response.body)).encode()),
+               (b"cache-control", b"no-store")]
+    headers += [(name.lower().encode(), value.encode("latin-1"))
+                for name, value in response.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": hold_open})
+
+
+class Guard:
+    """The checks every request passes before routing (module docstring)."""
+
+    def __init__(self, app: Any, server: HttpServer) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        from starlette.datastructures import Headers
+
+        rules = self.server.rules
+        headers = Headers(scope=scope)
+        method, path = scope["method"], scope["path"]
+        host, port = self.server.server_address
+        refusal = foreign_request(method, headers, host, port)
+        if refusal is not None:
+            await send_response(send, error_response(*refusal), close=True)
+            return
+        if rules.token is not None and rules.needs_token(method, path) \
+                and not token_ok(headers, rules.token):
+            # the body, however large it is announced to be, stays unread
+            await send_response(send, error_response(
+                401, f"missing or wrong token: {TOKEN_HINT}"), close=True)
+            return
+        if method in BODY_METHODS:
+            problem = self._body_problem(headers)
+            if problem is not None:
+                status, message, length = problem
+                if status == 413 and length <= DRAIN_LIMIT:
+                    await send_response(send, error_response(status, message), close=True,
+                                        hold_open=True)
+                    await drain(receive, rules.read_timeout_s)
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                else:
+                    await send_response(send, error_response(status, message), close=True)
+                return
+        await self.app(scope, timed(receive, rules.read_timeout_s), send)
+
+    def _body_problem(self, headers: Any) -> tuple[int, str, int] | None:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return 411, "send the body with a Content-Length, not chunked", 0
+        raw = headers.get("content-length")
+        if raw is None:
+            return None  # no body
+        try:
+            length = int(raw)
+        except ValueError:
+            return 400, f"Content-Length: not a number: {raw!r}", 0
+        if length < 0:
+            return 400, "Content-Length: negative", 0
+        limit = self.server.rules.max_body_bytes
+        if length > limit:
+            return 413, (f"body of {length} bytes is over the limit of {limit} bytes; send "
+                         "smaller requests"), length
+        return None
+
+
+class ClientStalled(Exception):
+    """The client stopped sending its body for longer than the read timeout."""
+
+
+def timed(receive: Any, seconds: float) -> Any:
+    async def receive_in_time() -> Any:
+        try:
+            return await asyncio.wait_for(receive(), seconds)
+        except asyncio.TimeoutError:
+            raise ClientStalled(f"no body bytes for {seconds:g} s") from None
+    return receive_in_time
+
+
+async def drain(receive: Any, seconds: float) -> None:
+    """Read and drop what is left of a request body."""
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), seconds)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+
+
+def endpoint(handler: Handler, rules: Rules) -> Any:
+    """A Starlette endpoint running ``handler`` in the thread pool."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import Response as StarletteResponse
+
+    async def answer(request: Any) -> Any:
+        try:
+            body = await request.body()
+        except ClientStalled as error:
+            response = error_response(408, f"the request body stalled: {error}")
+            return StarletteResponse(response.body, 408, {"connection": "close"},
+                                     media_type=response.content_type)
+        ours = Request(request.method, request.url.path, dict(request.path_params),
+                       parse_qs(request.url.query), request.headers, body)
+        try:
+            response = await run_in_threadpool(handler, ours)
+        except HttpError as error:
+            response = error_response(error.status, error.message)
+        except Exception as error:  # a bug, not bad input: answer it, log it, keep serving
+            import traceback
+
+            print(f"{rules.name}: {request.method} {request.url.path}: "
+                  f"{type(error).__name__}: {error}", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            response = error_response(500, f"internal error: {type(error).__name__}: {error}")
+        return StarletteResponse(response.body, response.status,
+                                 {"cache-control": "no-store", **response.headers},
+                                 media_type=response.content_type)
+
+    return answer
+
+
+# ------------------------------------------------------------------ the server
+
+
+def timed_protocol(seconds: float) -> Any:
+    """uvicorn's h11 protocol with a deadline for a request's headers: a client that
+    connects and sends nothing, or stops inside its headers, is disconnected after
+    ``seconds`` (uvicorn itself only times out idle keep-alive connections, after a
+    response). The deadline is armed when the connection opens and after each response,
+    and disarmed when a request's headers are complete."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):  # type: ignore[misc]
+        _deadline: Any = None
+        _timed_cycle: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._timed_cycle = self.cycle
+            self._deadline = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            if self.cycle is self._timed_cycle and not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._deadline is not None and self.cycle is not self._timed_cycle:
+                self._disarm()  # a new request's headers arrived
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+
+class HttpServer:
+    """A Starlette app on uvicorn over a socket bound at construction.
+
+    ``add_route`` before starting; ``start()`` serves on a background thread,
+    ``serve_forever()`` in this one; ``shutdown()`` stops serving, ``server_close()``
+    releases the socket."""
+
+    def __init__(self, host: str, port: int, rules: Rules) -> None:
+        import importlib.util
+
+        missing = [name for name in ("starlette", "uvicorn")
+                   if importlib.util.find_spec(name) is None]
+        if missing:
+            raise PosttrainError(f"{rules.name} needs {' and '.join(missing)}: "
+                                 "pip install 'posttrain[ui]'")
+        self.rules = rules
+        self.routes: list[Any] = []
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError as error:
+            self.socket.close()
+            raise PosttrainError(f"cannot listen on {host}:{port} ({error.strerror or error}): "
+                                 "choose another --port (0 picks a free one) or stop what "
+                                 "is using it") from None
+        self.socket.listen(128)
+        self.server_address: tuple[str, int] = (host, self.socket.getsockname()[1])
+        self._uvicorn: Any = None
+        self._starlette: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8765``."""
+        host, port = self.server_address
+        return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    def add_route(self, method: str, path: str, handler: Handler) -> None:
+        """Serve ``method`` requests on ``path`` (Starlette syntax, ``{name}`` parameters)
+        with ``handler``; routes are tried in the order added (a route added while the
+        server runs is served from then on)."""
+        from starlette.routing import Route
+
+        route = Route(path, endpoint(handler, self.rules), methods=[method.upper()])
+        self.routes.append(route)
+        if self._starlette is not None:  # already serving: the live router gets it too
+            self._starlette.router.routes.append(route)
+
+    def app(self) -> Any:
+        """The ASGI app: the guard around Starlette's router, errors in the envelope."""
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.responses import Response as StarletteResponse
+
+        async def http_error(request: Any, error: HTTPException) -> Any:
+            if error.status_code == 404:
+                message = f"no such endpoint: {request.method} {request.url.path}"
+            elif error.status_code == 405:
+                message = f"{request.method} is not allowed on {request.url.path}"
+            else:
+                message = str(error.detail)
+            response = error_response(error.status_code, message)
+            return StarletteResponse(response.body, error.status_code,
+                                     dict(error.headers or {}), media_type="application/json")
+
+        app = Starlette(routes=list(self.routes), exception_handlers={HTTPException: http_error})
+        self._starlette = app
+        return Guard(app, self)
+
+    def _server(self) -> Any:
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), http=timed_protocol(self.rules.read_timeout_s),
+                                log_level="info" if self.rules.verbose else "warning",
+                                access_log=self.rules.verbose, lifespan="off",
+                                timeout_keep_alive=5, timeout_graceful_shutdown=2)
+        self._uvicorn = uvicorn.Server(config)
+        return self._uvicorn
+
+    def serve_forever(self, poll_interval: float | None = None) -> None:
+        """Serve in this thread until ``shutdown()`` (``poll_interval`` is not used)."""
+        self._server().run(sockets=[self.socket])
+
+    def start(self) -> HttpServer:
+        """Serve on a daemon thread; returns once the server accepts connections."""
+        server = self._server()
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [self.socket]},
+                                        name=self.rules.name, daemon=True)
+        self._thread.start()
+        while not server.started and self._thread.is_alive():
+            threading.Event().wait(0.01)
+        return self
+
+    def shutdown(self) -> None:
+        """Stop serving (requests in flight get a moment to finish)."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def server_close(self) -> None:
+        """Release the socket."""
+        self.socket.close()
