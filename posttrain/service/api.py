@@ -128,6 +128,34 @@ def service_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], R
     return [(method, PREFIX + path, service_call(call)) for method, path, call in table]
 
 
+def openai_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Response]]]:
+    """``/v1/models`` and ``/v1/chat/completions`` (``posttrain.service.chat``)."""
+    from posttrain.service.chat import ChatModels, complete
+
+    models = ChatModels(engine)
+
+    def answer(call: Callable[[Request], Any]) -> Callable[[Request], Response]:
+        def handle(request: Request) -> Response:
+            try:
+                return json_response(call(request))
+            except ServiceError as error:
+                raise HttpError(error.status, error.message) from None
+        return handle
+
+    def one_model(request: Request) -> Any:
+        name = request.match["model"]
+        for entry in models.list():
+            if entry["id"] == name:
+                return entry
+        raise NotFound(f"no model {name!r} here; GET /v1/models lists them")
+
+    return [
+        ("GET", "/v1/models", answer(lambda r: {"object": "list", "data": models.list()})),
+        ("GET", "/v1/models/{model:path}", answer(one_model)),
+        ("POST", "/v1/chat/completions", answer(lambda r: complete(engine, models, body_of(r)))),
+    ]
+
+
 class RunningServer:
     """A server on a background thread: ``url``, ``port``, ``engine``, ``stop()``."""
 
@@ -172,7 +200,7 @@ def start_server(
                                           max_body_bytes=engine.limits.max_body_bytes,
                                           read_timeout_s=read_timeout_s,
                                           name="posttrain serve", verbose=verbose))
-    for method, path, handler in service_routes(engine):
+    for method, path, handler in [*service_routes(engine), *openai_routes(engine)]:
         server.add_route(method, path, handler)
     return RunningServer(server, engine)
 

@@ -353,6 +353,13 @@ class Engine:
             raise NotFound(f"no run {run_id!r}")
         return run
 
+    def run_models(self) -> dict[str, Any]:
+        """Each live run's model (trainer adapter and sampler versions), by run id: what
+        the OpenAI-compatible route samples (``posttrain.service.chat``)."""
+        with self._lock:
+            return {run_id: run.model for run_id, run in self._runs.items()
+                    if run.model is not None}
+
     def run_ids(self) -> list[str]:
         """Every run this engine knows, live, terminal or dormant."""
         with self._lock:
