@@ -164,10 +164,14 @@ class Rules:
 
 
 def token_ok(headers: Mapping[str, str], token: str | None) -> bool:
+    """``Authorization: Bearer <token>``, or ``X-API-Key: <token>`` (how the tinker SDK
+    sends its key)."""
     if token is None:
         return True
-    given = headers.get("authorization", "")
-    return hmac.compare_digest(given.encode("utf-8"), f"Bearer {token}".encode())
+    bearer = headers.get("authorization", "")
+    key = headers.get("x-api-key", "")
+    return (hmac.compare_digest(bearer.encode("utf-8"), f"Bearer {token}".encode())
+            or hmac.compare_digest(key.encode("utf-8"), token.encode("utf-8")))
 
 
 # ------------------------------------------------------------------ the ASGI layers

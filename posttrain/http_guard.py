@@ -5,8 +5,8 @@ POST of text/plain or form data, no custom headers, no preflight), and a DNS-reb
 page can reach one under its own host name. ``foreign_request`` says when a request
 looks like either: on a loopback server, a ``Host`` that does not name loopback; for a
 write, a foreign ``Origin`` (or the opaque ``null`` of a sandboxed page or a file), or a
-body that is not declared ``application/json`` (which a page can only send cross-site
-after a CORS preflight, which neither server answers).
+body that is not declared ``application/json`` or ``application/x-protobuf`` (which a
+page can only send cross-site after a CORS preflight, which neither server answers).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from urllib.parse import urlsplit
 #: the names a loopback server answers to (a Host header with any other name is refused)
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+#: body types a write may declare: neither is one a page can send cross-site without a
+#: CORS preflight (protobuf is what the tinker SDK sends for forward_backward)
+WRITE_CONTENT_TYPES = frozenset({"application/json", "application/x-protobuf"})
 
 
 def is_loopback(host: str) -> bool:
@@ -58,7 +61,7 @@ def foreign_request(method: str, headers: Mapping[str, str], bound_host: str,
         if host_name(parts.netloc) not in allowed or parts.port not in (port, None):
             return 403, f"writes from another site ({origin}) are refused"
     kind = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
-    if kind != "application/json":
+    if kind not in WRITE_CONTENT_TYPES:
         return 415, (f"a write must be sent as Content-Type: application/json, got "
                      f"{kind or 'none'!r}")
     return None
