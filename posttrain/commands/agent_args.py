@@ -35,10 +35,12 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("what answers the prompts")
     group.add_argument(
         "--agent",
-        choices=("seeded", "model"),
+        choices=("seeded", "model", "endpoint"),
         default=None,
-        help="'seeded': the scripted agent (no model); 'model': a language model "
-        "(implied by --base-model). Default: seeded unless --base-model is given",
+        help="'seeded': the scripted agent (no model); 'model': a language model loaded "
+        "here (implied by --base-model); 'endpoint': a model behind an OpenAI-compatible "
+        "API (implied by --endpoint). Default: seeded unless --base-model or --endpoint "
+        "is given",
     )
     group.add_argument(
         "--behaviour",
@@ -70,6 +72,26 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
         help="what samples a model: transformers (posttrain's own loop, any device; default) "
         "or vllm (needs the vllm package and a CUDA GPU; a hub model or local folder)",
     )
+    endpoint = parser.add_argument_group("a model behind an endpoint (vLLM, llama.cpp, "
+                                         "ollama, a hosted API, posttrain serve)")
+    endpoint.add_argument(
+        "--endpoint", default=None, metavar="URL",
+        help="the OpenAI-compatible API base, e.g. http://127.0.0.1:8000/v1; the "
+        "environment's tools are sent as tools and tool calls come back graded like "
+        "in-text <tool_call> blocks")
+    endpoint.add_argument(
+        "--endpoint-model", default=None, metavar="NAME",
+        help="the model to ask for (default: the endpoint's only model)")
+    endpoint.add_argument(
+        "--endpoint-key-env", default="OPENAI_API_KEY", metavar="VAR",
+        help="environment variable holding the API key (default OPENAI_API_KEY; a local "
+        "server without a key needs none)")
+    endpoint.add_argument(
+        "--endpoint-concurrency", type=int, default=8, metavar="N",
+        help="requests in flight at once (default 8)")
+    endpoint.add_argument(
+        "--endpoint-retries", type=int, default=5, metavar="N",
+        help="retries of a 429 or 5xx answer, with exponential backoff (default 5)")
     group.add_argument(
         "--max-new-tokens",
         type=int,
@@ -90,7 +112,12 @@ def _default_behaviour_help() -> str:
 
 def build_agent(args: argparse.Namespace, env: Env) -> Any:
     """The agent the flags describe. A model is loaded only when asked for."""
-    kind = args.agent or ("model" if args.base_model else "seeded")
+    endpoint = getattr(args, "endpoint", None)
+    kind = args.agent or ("endpoint" if endpoint else "model" if args.base_model else "seeded")
+    if kind == "endpoint":
+        return endpoint_agent(args, env)
+    if endpoint:
+        raise PosttrainError(f"--endpoint asks an endpoint; it does not go with --agent {kind}")
     if kind == "seeded":
         if getattr(args, "sampler", "transformers") == "vllm":
             raise PosttrainError("--sampler vllm samples a model: give --base-model")
@@ -140,3 +167,28 @@ def vllm_agent(args: argparse.Namespace) -> Any:
         max_new_tokens=args.max_new_tokens or MODEL_MAX_NEW_TOKENS,
     )
     return VllmAgent(args.base_model, adapter, params)
+
+
+def endpoint_agent(args: argparse.Namespace, env: Env) -> Any:
+    """``--endpoint``: the model behind an OpenAI-compatible API, asked with ``env``'s tools."""
+    from posttrain.policy.endpoint_agent import (
+        DEFAULT_MAX_TOKENS,
+        EndpointAgent,
+        EndpointSettings,
+    )
+
+    if not args.endpoint:
+        raise PosttrainError("--agent endpoint needs --endpoint URL (an OpenAI-compatible "
+                             "API base, e.g. http://127.0.0.1:8000/v1)")
+    if args.base_model or args.adapter:
+        raise PosttrainError("--endpoint asks a model served elsewhere: leave out "
+                             "--base-model/--adapter (name the served model with "
+                             "--endpoint-model)")
+    if getattr(args, "sampler", "transformers") != "transformers":
+        raise PosttrainError("--sampler is for models loaded here; the endpoint samples itself")
+    settings = EndpointSettings(
+        url=args.endpoint, model=args.endpoint_model, key_env=args.endpoint_key_env,
+        concurrency=args.endpoint_concurrency, max_retries=args.endpoint_retries,
+        temperature=args.temperature, top_p=args.top_p,
+        max_tokens=args.max_new_tokens or DEFAULT_MAX_TOKENS)
+    return EndpointAgent(settings, tools=getattr(env, "tools", None))

@@ -1,0 +1,191 @@
+"""A model behind any OpenAI-compatible chat endpoint as an evaluation agent.
+
+``posttrain eval --endpoint URL`` grades what vLLM, llama.cpp, ollama, a hosted API or
+``posttrain serve`` answers, with the same rows, statistics and ``--compare`` as a model
+loaded in-process. What the agent does with each conversation:
+
+- sends it with the environment's tools as OpenAI function tools; an assistant turn of
+  the conversation that holds ``<tool_call>`` blocks (a multi-turn episode's history) goes
+  as structured ``tool_calls`` and each tool result as a ``tool`` message answering it, so
+  strict servers accept the history;
+- turns the reply back into the text the environment grades: ``message.tool_calls`` are
+  written as ``<tool_call>{"name", "arguments"}</tool_call>`` blocks after the content,
+  so a returned ``tool_calls`` and an in-text block are graded the same way;
+- passes the sample's seed (servers that honour ``seed`` reproduce their samples);
+- runs at most ``concurrency`` requests at once; 429 and 5xx answers are retried with
+  exponential backoff (the ``openai`` client's, honouring ``Retry-After``);
+- stops with one clear error on a refused key (401/403), an unknown model (404, listing
+  the server's models), or a server it cannot reach.
+
+The graded rows' ``policy`` says which endpoint and model answered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from posttrain.errors import PosttrainError
+
+Messages = list[dict[str, Any]]
+#: the reply cap when none is given: real models' prose (the in-process default for them)
+DEFAULT_MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """Where and how to ask."""
+
+    url: str  # the API base, e.g. http://127.0.0.1:8400/v1
+    model: str | None = None  # None: the endpoint's only model
+    key_env: str = "OPENAI_API_KEY"  # the variable holding the API key
+    concurrency: int = 8
+    max_retries: int = 5
+    timeout_s: float = 300.0
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise PosttrainError(f"--endpoint {self.url}: expected an http:// or https:// URL "
+                                 "of an OpenAI-compatible API (e.g. http://127.0.0.1:8000/v1)")
+        if self.concurrency < 1:
+            raise PosttrainError(f"--endpoint-concurrency must be at least 1, got "
+                                 f"{self.concurrency}")
+        if self.max_retries < 0:
+            raise PosttrainError(f"--endpoint-retries must be 0 or more, got {self.max_retries}")
+
+
+def to_openai_messages(messages: Messages) -> list[dict[str, Any]]:
+    """A conversation as OpenAI messages: ``<tool_call>`` blocks of assistant turns as
+    ``tool_calls`` with ids, and each ``tool`` result answering the next pending id."""
+    from posttrain.envs.wire import TOOL_CALL_OPEN, parse_tool_calls
+
+    converted: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for index, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content") or ""
+        if role == "assistant" and TOOL_CALL_OPEN in content:
+            calls = parse_tool_calls(content)
+            if calls:
+                ids = [f"call_{index}_{number}" for number in range(len(calls))]
+                converted.append({
+                    "role": "assistant",
+                    "content": content[: content.index(TOOL_CALL_OPEN)].strip() or None,
+                    "tool_calls": [{"id": call_id, "type": "function",
+                                    "function": {"name": call["name"],
+                                                 "arguments": json.dumps(call["arguments"])}}
+                                   for call_id, call in zip(ids, calls, strict=True)]})
+                pending = ids
+                continue
+        if role == "tool":
+            entry = {"role": "tool", "content": content,
+                     "tool_call_id": pending.pop(0) if pending else f"call_{index}"}
+            converted.append(entry)
+            continue
+        converted.append({"role": role, "content": content})
+    return converted
+
+
+def reply_text(message: Any) -> str:
+    """The reply as the environment grades it: the content, then each tool call as a
+    ``<tool_call>`` block."""
+    text = message.content or ""
+    for call in message.tool_calls or []:
+        function = call.function
+        try:
+            arguments = json.loads(function.arguments or "{}")
+        except ValueError:
+            arguments = function.arguments  # kept as sent: the rule grades it malformed
+        block = json.dumps({"name": function.name, "arguments": arguments})
+        text += ("\n" if text else "") + f"<tool_call>\n{block}\n</tool_call>"
+    return text
+
+
+class EndpointAgent:
+    """The batch-agent protocol over an OpenAI-compatible endpoint (module docstring)."""
+
+    def __init__(self, settings: EndpointSettings, tools: list[dict[str, Any]] | None = None):
+        try:
+            import openai
+        except ImportError:
+            raise PosttrainError("--endpoint needs the openai client: pip install "
+                                 "'posttrain[endpoint]'") from None
+        self.settings = settings
+        self.tools = list(tools or [])
+        self._openai = openai
+        self.client = openai.OpenAI(base_url=settings.url.rstrip("/"),
+                                    api_key=os.environ.get(settings.key_env) or "no-key",
+                                    max_retries=settings.max_retries,
+                                    timeout=settings.timeout_s)
+        self.model = settings.model or self._only_model()
+        self.policy: dict[str, Any] = {"agent": "endpoint", "endpoint": settings.url,
+                                       "endpoint_model": self.model}
+        self.sampling: dict[str, Any] = {key: value for key, value in asdict(settings).items()
+                                         if key in ("temperature", "top_p", "max_tokens")}
+
+    def _only_model(self) -> str:
+        names = self._call(lambda: [model.id for model in self.client.models.list()])
+        if len(names) != 1:
+            raise PosttrainError(f"--endpoint {self.settings.url} serves {len(names)} models "
+                                 f"({', '.join(names[:10]) or 'none'}): name one with "
+                                 "--endpoint-model")
+        return names[0]
+
+    def _call(self, request: Any) -> Any:
+        """``request()`` with the endpoint's refusals turned into one clear error."""
+        openai = self._openai
+        where = f"--endpoint {self.settings.url}"
+        try:
+            return request()
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
+            raise PosttrainError(
+                f"{where} refused the API key (HTTP {error.status_code}: {error.message}); "
+                f"the key is read from ${self.settings.key_env} (set it, or name another "
+                "variable with --endpoint-key-env)") from None
+        except openai.NotFoundError as error:
+            raise PosttrainError(f"{where}: {error.message} (HTTP 404){self._models_hint()}"
+                                 ) from None
+        except openai.RateLimitError as error:
+            raise PosttrainError(
+                f"{where} still answered 429 after {self.settings.max_retries} retries "
+                f"({error.message}); lower --endpoint-concurrency or raise "
+                "--endpoint-retries") from None
+        except openai.APIConnectionError as error:
+            raise PosttrainError(f"{where}: cannot reach it ({error.__cause__ or error}); is "
+                                 "the server running, and is the URL its API base (often "
+                                 "ending in /v1)?") from None
+        except openai.APIStatusError as error:
+            raise PosttrainError(f"{where} answered HTTP {error.status_code}: {error.message}"
+                                 ) from None
+
+    def _models_hint(self) -> str:
+        try:
+            names = [model.id for model in self.client.models.list()]
+        except Exception:  # the listing is only a hint
+            return ""
+        return f"; it serves: {', '.join(names[:10])}" if names else ""
+
+    def _one(self, messages: Messages, seed: int) -> str:
+        extra = {"tools": self.tools} if self.tools else {}
+        response = self._call(lambda: self.client.chat.completions.create(
+            model=self.model, messages=to_openai_messages(messages),
+            temperature=self.settings.temperature, top_p=self.settings.top_p,
+            max_tokens=self.settings.max_tokens, seed=int(seed), **extra))
+        if not response.choices:
+            raise PosttrainError(f"--endpoint {self.settings.url} answered with no choices")
+        return reply_text(response.choices[0].message)
+
+    def reply_batch(self, conversations: list[Messages], seeds: list[int]) -> list[str]:
+        """One reply per conversation, in order, at most ``concurrency`` in flight."""
+        if len(conversations) != len(seeds):
+            raise ValueError(f"{len(conversations)} conversations but {len(seeds)} seeds")
+        with ThreadPoolExecutor(self.settings.concurrency) as pool:
+            return list(pool.map(self._one, conversations, seeds))
+
+    def __call__(self, messages: Messages, seed: int = 0) -> str:
+        return self.reply_batch([messages], [seed])[0]
