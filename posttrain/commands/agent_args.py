@@ -72,13 +72,24 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
         help="what samples a model: transformers (posttrain's own loop, any device; default) "
         "or vllm (needs the vllm package and a CUDA GPU; a hub model or local folder)",
     )
+    add_endpoint_args(parser)
+    group.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="reply length cap in tokens (default: the model's evaluation default)",
+    )
+
+
+def add_endpoint_args(parser: argparse.ArgumentParser,
+                      what: str = "the environment's tools are sent as tools and tool calls "
+                                  "come back graded like in-text <tool_call> blocks") -> None:
+    """``--endpoint`` and its companions: a model behind an OpenAI-compatible API."""
     endpoint = parser.add_argument_group("a model behind an endpoint (vLLM, llama.cpp, "
                                          "ollama, a hosted API, posttrain serve)")
     endpoint.add_argument(
         "--endpoint", default=None, metavar="URL",
-        help="the OpenAI-compatible API base, e.g. http://127.0.0.1:8000/v1; the "
-        "environment's tools are sent as tools and tool calls come back graded like "
-        "in-text <tool_call> blocks")
+        help=f"the OpenAI-compatible API base, e.g. http://127.0.0.1:8000/v1; {what}")
     endpoint.add_argument(
         "--endpoint-model", default=None, metavar="NAME",
         help="the model to ask for (default: the endpoint's only model)")
@@ -92,12 +103,17 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     endpoint.add_argument(
         "--endpoint-retries", type=int, default=5, metavar="N",
         help="retries of a 429 or 5xx answer, with exponential backoff (default 5)")
-    group.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="reply length cap in tokens (default: the model's evaluation default)",
-    )
+
+
+def endpoint_settings(args: argparse.Namespace, *, temperature: float, top_p: float,
+                      max_tokens: int) -> Any:
+    """The ``EndpointSettings`` the ``--endpoint`` flags describe."""
+    from posttrain.policy.endpoint_agent import EndpointSettings
+
+    return EndpointSettings(
+        url=args.endpoint, model=args.endpoint_model, key_env=args.endpoint_key_env,
+        concurrency=args.endpoint_concurrency, max_retries=args.endpoint_retries,
+        temperature=temperature, top_p=top_p, max_tokens=max_tokens)
 
 
 def _default_behaviour_help() -> str:
@@ -171,11 +187,7 @@ def vllm_agent(args: argparse.Namespace) -> Any:
 
 def endpoint_agent(args: argparse.Namespace, env: Env) -> Any:
     """``--endpoint``: the model behind an OpenAI-compatible API, asked with ``env``'s tools."""
-    from posttrain.policy.endpoint_agent import (
-        DEFAULT_MAX_TOKENS,
-        EndpointAgent,
-        EndpointSettings,
-    )
+    from posttrain.policy.endpoint_agent import DEFAULT_MAX_TOKENS, EndpointAgent
 
     if not args.endpoint:
         raise PosttrainError("--agent endpoint needs --endpoint URL (an OpenAI-compatible "
@@ -186,9 +198,6 @@ def endpoint_agent(args: argparse.Namespace, env: Env) -> Any:
                              "--endpoint-model)")
     if getattr(args, "sampler", "transformers") != "transformers":
         raise PosttrainError("--sampler is for models loaded here; the endpoint samples itself")
-    settings = EndpointSettings(
-        url=args.endpoint, model=args.endpoint_model, key_env=args.endpoint_key_env,
-        concurrency=args.endpoint_concurrency, max_retries=args.endpoint_retries,
-        temperature=args.temperature, top_p=args.top_p,
-        max_tokens=args.max_new_tokens or DEFAULT_MAX_TOKENS)
+    settings = endpoint_settings(args, temperature=args.temperature, top_p=args.top_p,
+                                 max_tokens=args.max_new_tokens or DEFAULT_MAX_TOKENS)
     return EndpointAgent(settings, tools=getattr(env, "tools", None))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
 
+from posttrain.commands.agent_args import add_endpoint_args, endpoint_settings
 from posttrain.data.prepare import DEFAULT_SITUATIONS
 from posttrain.data.prompts import (
     drop_near_duplicates,
@@ -15,6 +18,7 @@ from posttrain.data.prompts import (
     split_holdout_stratified,
     summary,
 )
+from posttrain.data.writer import ANGLES, DEFAULT_ANGLES, WriterSettings, write_with_model
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import Env, env_hook
 from posttrain.errors import PosttrainError
@@ -30,7 +34,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions.required = True
 
     write = actions.add_parser(
-        "write", help="write a template prompt set", description="Write a template prompt set."
+        "write", help="write a prompt set: templates, or rewritten by a chat model",
+        description=(
+            "Write a prompt set. Alone: the environment's template prompts. With --writer "
+            "MODEL or --endpoint URL: a chat model rewrites every template prompt from several "
+            "angles; a version is kept only when the environment reads the same category and "
+            "ground truth from it as from its seed (a with-id seed keeps its exact id) and it "
+            "is no near duplicate of a prompt kept before it. The seeds come first in the file. "
+            "Interrupted, the same command continues (a journal sits next to the output "
+            "until it is written)."),
     )
     write.add_argument("out", help="output JSONL file")
     write.add_argument(
@@ -48,6 +60,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="simulator seed (a recipe's --data-seed); same seed, same bytes (default 0)",
     )
     _add_env(write)
+    writer = write.add_argument_group("a model that rewrites the templates")
+    writer.add_argument(
+        "--writer", default=None, metavar="MODEL",
+        help="a chat model loaded here: smollm2, a hub id, a local folder or a .gguf file")
+    writer.add_argument(
+        "--angles", default=",".join(DEFAULT_ANGLES),
+        help=f"comma-separated angles to write from (default %(default)s; all: "
+        f"{', '.join(ANGLES)})")
+    writer.add_argument(
+        "--per-request", type=int, default=3,
+        help="versions asked for per seed and angle (default 3)")
+    writer.add_argument(
+        "--jaccard", type=float, default=0.8,
+        help="near-duplicate threshold: word-set Jaccard at or above it drops a version "
+        "(default 0.8)")
+    writer.add_argument(
+        "--temperature", type=float, default=0.9, help="the writer's temperature (default 0.9)")
+    writer.add_argument(
+        "--max-new-tokens", type=int, default=384,
+        help="the writer's reply cap in tokens (default 384)")
+    add_endpoint_args(write, "the model behind it rewrites the templates (instead of --writer)")
     write.set_defaults(func=run_write)
 
     stats = actions.add_parser(
@@ -116,10 +149,42 @@ def run_write(args: argparse.Namespace) -> int:
         env, "write_prompts", "writes no prompts",
         'write them yourself as JSONL, one {"prompt": ..., "scenario_id": ...} a line',
     )
+    if args.writer and args.endpoint:
+        raise PosttrainError("--writer and --endpoint both name a writer: give one")
+    settings = None
+    if args.writer or args.endpoint:  # checked before any model loads
+        settings = WriterSettings(
+            angles=tuple(part.strip() for part in args.angles.split(",") if part.strip()),
+            per_request=args.per_request, jaccard=args.jaccard, seed=args.seed)
+        if not 0 < args.temperature <= 2:
+            raise PosttrainError(f"--temperature must be in (0, 2], got {args.temperature}")
+        if args.max_new_tokens < 16:
+            raise PosttrainError(f"--max-new-tokens must be at least 16, got "
+                                 f"{args.max_new_tokens}")
     records = write_prompts(args.prompts, seed=args.seed)
-    save_prompts(args.out, records)
-    _print_counts(summary(records), env, label=f"wrote {args.out}: ")
+    if settings is None:
+        save_prompts(args.out, records)
+        _print_counts(summary(records), env, label=f"wrote {args.out}: ")
+        return 0
+    agent = writer_agent(args)
+    kept, report = write_with_model(env, records, agent, Path(args.out), settings,
+                                    label=f"writing with {args.writer or args.endpoint}")
+    print(report.describe())
+    _print_counts(summary(kept), env, label=f"wrote {args.out}: ")
     return 0
+
+
+def writer_agent(args: argparse.Namespace) -> Any:
+    """The model that rewrites: one loaded here (``--writer``) or behind ``--endpoint``."""
+    if args.endpoint:
+        from posttrain.policy.endpoint_agent import EndpointAgent
+
+        return EndpointAgent(endpoint_settings(args, temperature=args.temperature, top_p=0.95,
+                                               max_tokens=args.max_new_tokens))
+    from posttrain.policy.model_agent import agent_for_model
+
+    return agent_for_model(args.writer, temperature=args.temperature, top_p=0.95,
+                           max_new_tokens=args.max_new_tokens)
 
 
 def run_stats(args: argparse.Namespace) -> int:

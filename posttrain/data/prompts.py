@@ -1,7 +1,8 @@
 """Prompt sets: JSONL files, holdout splits, category balance and filters.
 
 A prompt record is ``{"prompt", "scenario_id", "category", "case"}`` plus an
-optional ``seed`` (the template prompt it was written from). ``case`` and
+optional ``seed`` (the template prompt it was written from) and ``source`` (what wrote
+it: ``template`` or ``writer:<angle>``, kept in files for people, not read back). ``case`` and
 ``category`` are always re-derived from the text by the environment on load:
 a file may carry them, but they are never trusted.
 
@@ -133,7 +134,7 @@ def save_prompts(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> 
     """Write prompt records as JSONL, keeping only the prompt-record keys; the columns an
     environment reads (``fields``) go back to the top level, where ``load_prompts``
     reads them."""
-    keys = ("prompt", "scenario_id", "category", "case", "seed")
+    keys = ("prompt", "scenario_id", "category", "case", "seed", "source")
     return write_jsonl_atomic(
         path, ({**{k: r[k] for k in keys if k in r}, **r.get("fields", {})} for r in records)
     )
