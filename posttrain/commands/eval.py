@@ -71,6 +71,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="evaluate this many times with different sampling seeds and report the spread",
     )
+    judging = parser.add_argument_group("a model judge beside the rule")
+    judging.add_argument(
+        "--judge-endpoint", default=None, metavar="URL",
+        help="an OpenAI-compatible API whose model judges every reply PASS or FAIL against "
+        "the environment's policy; prints the judge-vs-rule table (counts, agreement, "
+        "Cohen's kappa) and stamps each row with the verdict")
+    judging.add_argument("--judge-model", default=None, metavar="NAME",
+                         help="the judge model (default: the endpoint's only model)")
+    judging.add_argument("--judge-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                         help="environment variable holding the judge's API key")
     output = parser.add_argument_group("output")
     output.add_argument("--out", default=None, help="write the graded rows (run 0) as JSONL")
     output.add_argument("--json", action="store_true", help="print a JSON summary instead")
@@ -127,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         label=f"evaluating {args.split}",
     )
     rows = evaluation.rows
+    judged = judge_rows(args, env, rows) if args.judge_endpoint else None
     if args.out:
         from posttrain.score.rows import save_rows
 
@@ -144,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
                     "repeats_pass_at_1": repeats,
                     "seconds": round(evaluation.seconds, 3),
                     **({"episodes": episodes} if episodes else {}),
+                    **({"judge": judged.to_dict()} if judged else {}),
                 },
                 sort_keys=True,
             )
@@ -156,9 +168,32 @@ def run(args: argparse.Namespace) -> int:
     print(format_group_table(category_table(rows, seed=args.eval_seed)))
     if episodes:
         print(format_episode_stats(episodes))
+    if judged:
+        print(judged.format())
     if args.out:
         print(f"rows written to {args.out}")
     return 0
+
+
+def judge_rows(args: argparse.Namespace, env, rows: list[dict]):
+    """Ask the judge about every row, stamp its verdict (``judge``: true, false or null)
+    on the row, and return the judge-vs-rule ``Agreement``."""
+    from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
+    from posttrain.progress import progress_bar
+    from posttrain.score.judge import EndpointJudge, agreement
+
+    settings = EndpointSettings(url=args.judge_endpoint, model=args.judge_model,
+                                key_env=args.judge_key_env, temperature=0.0, top_p=1.0,
+                                max_tokens=16)
+    judge = EndpointJudge(EndpointAgent(settings), env)
+    verdicts: list = []
+    with progress_bar("judging", len(rows)) as update:
+        for start in range(0, len(rows), 32):
+            verdicts += judge.verdicts(rows[start : start + 32])
+            update(len(verdicts))
+    for row, verdict in zip(rows, verdicts, strict=True):
+        row["judge"] = verdict
+    return agreement(rows, verdicts)
 
 
 def _describe_policy(policy: dict) -> str:

@@ -163,6 +163,14 @@ class EndpointAgent:
             raise PosttrainError(f"{where} answered HTTP {error.status_code}: {error.message}"
                                  ) from None
 
+    def check(self) -> None:
+        """Ask the endpoint for its models now: a server that is down, a refused key or a
+        model it does not serve stops here, before any work (one clear error)."""
+        names = self._call(lambda: [model.id for model in self.client.models.list()])
+        if self.model not in names:
+            raise PosttrainError(f"--endpoint {self.settings.url} does not serve "
+                                 f"{self.model!r}; it serves: {', '.join(names[:10])}")
+
     def _models_hint(self) -> str:
         try:
             names = [model.id for model in self.client.models.list()]

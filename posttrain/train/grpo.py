@@ -37,7 +37,7 @@ from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-STOP_ON_ALARMS = ("hack", "length", "guard")
+STOP_ON_ALARMS = ("hack", "length", "guard", "divergence")
 SINGLE_TURN_COMPLETION_LENGTH = 64
 # an episode's turns and tool results share one budget in TRL's tool loop (ask, look up,
 # refund: three calls and three results, ~250 tokens with the starter's tokenizer)
@@ -100,9 +100,28 @@ class GRPOSettings(RecipeSettings):
         metadata={
             "help": "alarms that end the run, comma-separated: hack (the policy exploits a "
                     "feature the design does not endorse), length (replies grow for "
-                    "nothing), guard (a guard marker such as well_formed fell)",
+                    "nothing), guard (a guard marker such as well_formed fell), divergence "
+                    "(with --gold-endpoint: the proxy reward rises, the judge's score does "
+                    "not)",
             "metavar": "ALARMS",
         },
+    )
+    gold_endpoint: str | None = field(
+        default=None,
+        metadata={"help": "an OpenAI-compatible API whose model judges the hack monitor's "
+                          "holdout replies PASS or FAIL against the policy: the gold score "
+                          "of the divergence alarm (the proxy reward rises, the judge's "
+                          "score does not)", "metavar": "URL"},
+    )
+    gold_model: str | None = field(
+        default=None,
+        metadata={"help": "the judge model at --gold-endpoint (default: its only model)",
+                  "metavar": "NAME"},
+    )
+    gold_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "environment variable holding --gold-endpoint's API key",
+                  "metavar": "VAR"},
     )
     use_vllm: bool = field(
         default=False,
@@ -188,6 +207,11 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         )
     if settings.monitor_every < 0:
         raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
+    if settings.gold_endpoint:
+        if settings.monitor_every == 0:
+            raise PosttrainError("--gold-endpoint judges the hack monitor's checks; it needs "
+                                 "--monitor-every above 0")
+        gold_judge(settings, None).agent.check()  # reachable, key accepted, model served
     if settings.use_vllm:
         problem = vllm_problem()
         if problem:
@@ -195,6 +219,17 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
                                  "with the training model (TRL's default)")
     elif settings.vllm_server_url:
         raise PosttrainError("--vllm-server-url only applies with --use-vllm --vllm-mode server")
+
+
+def gold_judge(settings: GRPOSettings, env: Any) -> Any:
+    """The ``--gold-endpoint`` judge (temperature 0, a one-word answer)."""
+    from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
+    from posttrain.score.judge import EndpointJudge
+
+    endpoint = EndpointSettings(url=str(settings.gold_endpoint), model=settings.gold_model,
+                                key_env=settings.gold_key_env, temperature=0.0, top_p=1.0,
+                                max_tokens=16)
+    return EndpointJudge(EndpointAgent(endpoint), env)
 
 
 def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:

@@ -143,6 +143,7 @@ def train_grpo(context: Any) -> Any:
     from posttrain.train.callbacks import TrainerCallback
     from posttrain.train.console import ConsoleProgress
     from posttrain.train.distributed import trainer_launch
+    from posttrain.train.grpo import gold_judge
     from posttrain.train.measure import evaluation_sampling
     from posttrain.train.monitor import HackMonitor, MonitorSettings
     from posttrain.train.recipe import TrainOutcome
@@ -173,6 +174,7 @@ def train_grpo(context: Any) -> Any:
             ),
             sampling=evaluation_sampling(settings, context.policy),
             baseline_rows=context.before_rows,
+            gold=gold_judge(settings, context.env) if settings.gold_endpoint else None,
         )
         callbacks.append(monitor)
     context.say(

@@ -62,7 +62,7 @@ from posttrain.train.alarms import (
 )
 from posttrain.train.rewards import RuleReward
 
-Gold = Callable[[str, dict[str, Any]], float]
+Gold = Callable[[str, dict[str, Any]], "float | None"]  # a judge may give no verdict
 MIN_SCAN_ROWS = 20  # fewer rollouts than this in a category: not scanned at this check
 
 
@@ -111,8 +111,17 @@ def summarise_holdout(step: int, rows: Sequence[dict[str, Any]],
         mean_length=sum(len(row["reply"]) for row in rows) / n,
         by_category={name: sum(values) / len(values) for name, values in categories.items()},
         guards=guards,
-        gold=None if gold is None else sum(float(gold(r["reply"], r)) for r in rows) / n,
+        gold=None if gold is None else gold_score(gold, list(rows)),
     )
+
+
+def gold_score(gold: Gold, rows: list[dict[str, Any]]) -> float | None:
+    """The mean gold score of the rows that got one (a judge may give none). A gold
+    with ``score_rows`` (a model judge) is asked about all rows at once."""
+    scores = gold.score_rows(rows) if hasattr(gold, "score_rows") else [
+        gold(row["reply"], row) for row in rows]
+    given = [float(score) for score in scores if score is not None]
+    return sum(given) / len(given) if given else None
 
 
 class HackMonitor(HFTrainerCallback):
