@@ -10,7 +10,8 @@ we need three things ``generate`` does not give together:
   logits can differ in the last bits; a different token needs a draw within
   ~1e-6 of a boundary of the cumulative distribution, which we have not seen.)
 - **Stops.** A completion ends at an end-of-turn token (the tokenizer's eos,
-  ``<|im_end|>``, ``<|endoftext|>``: stop reason ``"eos"``), right after a stop
+  ``<|im_end|>``, ``<|endoftext|>``, or one of ``stop_token_ids``: stop reason
+  ``"eos"``), right after a stop
   string (``</tool_call>`` by default: ``"tool_call"``; any other stop string:
   ``"stop"``), or at ``max_new_tokens`` (``"length"``). Stop strings are matched
   on decoded text, so they work when a tokenizer splits them into pieces.
@@ -52,6 +53,9 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 64
     stop_strings: tuple[str, ...] = (TOOL_CALL_END,)
+    # token ids that end a completion like an end-of-turn token: kept as its last token,
+    # stop reason "eos" (the tinker SDK's renderers send their end-of-message ids here)
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -65,7 +69,8 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for graded rows and run configs."""
-        return {**asdict(self), "stop_strings": list(self.stop_strings)}
+        return {**asdict(self), "stop_strings": list(self.stop_strings),
+                "stop_token_ids": list(self.stop_token_ids)}
 
 
 @dataclass
@@ -246,7 +251,7 @@ class Sampler:
     def _stop_reason(
         self, tokens: list[int], params: SamplingParams, candidates: frozenset[int]
     ) -> str | None:
-        if tokens[-1] in self.eos_ids:
+        if tokens[-1] in self.eos_ids or tokens[-1] in params.stop_token_ids:
             return "eos"
         if tokens[-1] in candidates:
             tail = self.tokenizer.decode(tokens[-16:], skip_special_tokens=True)

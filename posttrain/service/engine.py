@@ -49,7 +49,8 @@ PRIMITIVES: dict[str, str] = {
     "optim_step": '{"adam_params": {"learning_rate", "beta1", "beta2", "eps", "weight_decay", '
     '"grad_clip_norm"}}: one AdamW step, every hyper-parameter explicit',
     "save_state": '{"name"}: adapter + AdamW state + step, to the state folder',
-    "load_state": '{"name", "run_id"?}: replace adapter, AdamW state and step by a saved state',
+    "load_state": '{"name", "run_id"?, "optimizer"?: true}: replace adapter, AdamW state '
+    "(unless optimizer is false) and step by a saved state",
     "export_lora": '{"name"}: write a PEFT adapter folder (adapter_model.safetensors)',
     "finish": "{}: end the run after everything before it",
 }
@@ -89,7 +90,7 @@ class Engine:
         clock: Any = time.monotonic,
     ):
         from posttrain.policy.models import load_policy
-        from posttrain.service.lora_model import linear_module_names
+        from posttrain.service.lora_model import linear_module_names, unembedding_module_name
 
         self.base_model = base_model
         self.state_dir = Path(state_dir).expanduser()
@@ -104,6 +105,9 @@ class Engine:
         if context < self.limits.max_sequence_tokens:
             self.limits = replace(self.limits, max_sequence_tokens=context)
         self.module_names = linear_module_names(self.policy.model)
+        # LoRA may also go on the unembedding when asked by name (never by default)
+        unembedding = unembedding_module_name(self.policy.model)
+        self.optional_lora_targets = (unembedding,) if unembedding else ()
         self.compute = ComputeThread(torch_threads)
         self._clock = clock
         self._lock = threading.RLock()
@@ -135,6 +139,7 @@ class Engine:
                 "dtype": self.policy.dtype,
                 "device": self.policy.device,
                 "lora_target_modules": list(self.module_names),
+                "lora_optional_target_modules": list(self.optional_lora_targets),
                 "end_of_turn_token_ids": sorted(end_of_turn_ids(tokenizer, self.policy.model)),
                 "pad_token_id": tokenizer.pad_token_id,
             },
@@ -332,7 +337,8 @@ class Engine:
         extra = sorted(set(body) - {"session_id", "rank", "alpha", "target_modules", "seed"})
         if extra:
             raise BadRequest(f"body: unknown field(s) {', '.join(map(repr, extra))}")
-        spec = requests.parse_lora(body, self.limits, self.module_names)
+        spec = requests.parse_lora(body, self.limits, self.module_names,
+                                   optional_modules=self.optional_lora_targets)
         self._open_session(body.get("session_id"))
         with self._lock:
             self._check_capacity()
@@ -345,6 +351,48 @@ class Engine:
             session.run_ids.append(run.run_id)
             run.start(model)
         return run.describe()
+
+    def create_run_from_state(self, session_id: str, source_run_id: str, name: str, *,
+                              optimizer: bool) -> dict[str, Any]:
+        """A new run in an open session that starts from saved state ``name`` of run
+        ``source_run_id`` (any run under the state folder: live, ended, or from before a
+        restart): its LoRA spec, adapter, step and, with ``optimizer``, its AdamW moments.
+        The state is loaded before the run's queue opens, and the run numbers from seq 1
+        (what the tinker SDK's ``create_training_client_from_state*`` expects).
+
+        ``NotFound`` when there is no such state, ``BadRequest`` when it was saved on
+        another base model."""
+        source_run_id = requests.state_name(source_run_id, "run_id")
+        name = requests.state_name(name, "name")
+        folder = state.run_folder(self.state_dir, source_run_id) / "states" / name
+        try:
+            info = state.read_state_info(folder)
+        except LookupError as error:
+            raise NotFound(str(error)) from None
+        if info.get("base_model") != self.base_model:
+            raise BadRequest(f"state {name} of run {source_run_id} was saved on base "
+                             f"model {info.get('base_model')!r}; this server runs "
+                             f"{self.base_model!r}")
+        spec = state.lora_from_json(info["lora"])
+        self._open_session(session_id)
+        with self._lock:
+            self._check_capacity()
+        model = self._new_model(spec)
+        try:
+            self.compute.run(state.load_state, folder, model, base_model=self.base_model,
+                             with_optimizer=optimizer)
+        except (LookupError, ValueError) as error:
+            raise BadRequest(str(error)) from None
+        with self._lock:
+            session = self._open_session(session_id)  # still open?
+            self._check_capacity()
+            run = self._new_run("run-" + uuid.uuid4().hex[:16], session.session_id, spec)
+            self._runs[run.run_id] = run
+            session.run_ids.append(run.run_id)
+            run.start(model, first_seq=1)
+        return {**run.describe(), "loaded_from": {"run_id": source_run_id, "name": name,
+                                                  "step": info["step"],
+                                                  "optimizer": optimizer}}
 
     def _run(self, run_id: str) -> Run:
         with self._lock:
@@ -435,6 +483,18 @@ class Engine:
         with self._lock:
             self._operations[operation.id] = operation
         return operation.to_json(), created
+
+    def refuse(self, run_id: str, seq: int, primitive: str, body: Any, why: str
+               ) -> dict[str, Any]:
+        """Record sequence number ``seq`` of a run as refused with message ``why``: a failed
+        operation that never runs, so the operations numbered after it do not wait for it
+        (see ``OrderedQueue.refuse``). For a client that numbers every request itself and
+        goes on counting after a refusal. Returns the operation json."""
+        run = self._run(run_id)
+        operation, _ = run.refuse(seq, primitive, fingerprint(primitive, body), why)
+        with self._lock:
+            self._operations[operation.id] = operation
+        return operation.to_json()
 
     def _parse(self, primitive: str, body: Any) -> Any:
         if primitive not in PRIMITIVES:

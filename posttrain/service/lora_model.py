@@ -67,19 +67,33 @@ def linear_module_names(model: Any) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def unembedding_module_name(model: Any) -> str | None:
+    """``"lm_head"`` when the model's unembedding is a linear layer LoRA can wrap, else None."""
+    import torch
+
+    head = getattr(model, "lm_head", None)
+    return "lm_head" if isinstance(head, torch.nn.Linear) else None
+
+
 def new_peft_model(base: Any, spec: LoraSpec) -> Any:
     """A fresh LoRA ``PeftModel`` on a shared copy of ``base``, initialised from ``spec.seed``.
 
     PEFT draws LoRA A from the global torch generator; it is forked so creating a run
     leaves the process's random state as it was.
     """
+    import warnings
+
     import torch
     from peft import get_peft_model
 
     from posttrain.policy.models import lora_config
 
     config = lora_config(base, spec.rank, spec.alpha, spec.target_modules)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # LoRA on a tied unembedding: its delta acts on the output projection alone, which
+        # is what is asked for; PEFT warns because merging it would untie the weights, and
+        # nothing here merges adapters
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
         torch.manual_seed(spec.seed)
         model = get_peft_model(shared_copy(base), config, adapter_name=ADAPTER_NAME)
     model.eval()  # no dropout anywhere; training mode would change nothing but flags
@@ -367,7 +381,10 @@ class LoraModel:
 
     def export(self, folder: Any) -> list[str]:
         """Write the trainer adapter as a PEFT folder; returns the file names written."""
-        self.trainer.save_pretrained(str(folder))
+        # the base weights (embeddings included) are frozen here, so the adapter alone is
+        # the run; PEFT would otherwise copy the whole embedding matrix into the folder when
+        # a LoRA sits on a tied unembedding
+        self.trainer.save_pretrained(str(folder), save_embedding_layers=False)
         return sorted(p.name for p in folder.iterdir() if p.is_file())
 
     def release(self) -> None:

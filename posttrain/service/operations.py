@@ -11,6 +11,11 @@ by a SHA-256 of its canonical JSON) returns the original operation, running, que
 finished, with its stored result; a different payload under a used ``seq`` is a ``Conflict``
 (409). Cancelling marks every queued operation ``cancelled``; the one running (torch
 cannot be interrupted mid-step) finishes first, then the worker stops.
+
+A ``seq`` can also be *refused* (``OrderedQueue.refuse``): recorded as a failed operation
+that never runs and that the worker steps over. A client that numbers every request
+itself, the tinker SDK, keeps counting after a request the server turned down; without
+the refusal in its slot, everything it sends next would wait for that number forever.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from typing import Any
 from posttrain.service.errors import Conflict, TooManyRequests
 
 TERMINAL_OPERATION_STATES = ("succeeded", "failed", "cancelled")
+# exceptions an operation raises because of what the client sent (a loss that overflows,
+# an unknown sampler version, a state that does not fit): its error is the caller's to fix
+CALLER_ERRORS = (ValueError, LookupError)
 
 
 def fingerprint(primitive: str, body: dict[str, Any]) -> str:
@@ -49,6 +57,9 @@ class Operation:
     status: str = "queued"  # queued | running | succeeded | failed | cancelled
     result: dict[str, Any] | None = None
     error: str | None = None
+    # who has to act on a failure: "user" (the request) or "server" (a bug, the machine)
+    error_category: str | None = None
+    refused: bool = False  # refused before running: the worker steps over it
     submitted_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
@@ -68,13 +79,16 @@ class Operation:
             "status": self.status,
             "result": self.result,
             "error": self.error,
+            "error_category": self.error_category,
             "submitted_at": self.submitted_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
 
-    def finish(self, status: str, result: dict[str, Any] | None = None, error: str | None = None):
+    def finish(self, status: str, result: dict[str, Any] | None = None, error: str | None = None,
+               *, error_category: str | None = None):
         self.status, self.result, self.error = status, result, error
+        self.error_category = error_category
         self.finished_at = time.time()
         self.done.set()
 
@@ -164,6 +178,39 @@ class OrderedQueue:
             self._lock.notify_all()
             return operation, True
 
+    def refuse(
+        self, seq: int, primitive: str, body_fingerprint: str, why: str
+    ) -> tuple[Operation, bool]:
+        """Fill ``seq`` with a refusal: a failed operation (category "user") that never runs
+        and that the worker steps over, so later numbers do not wait for it. Returns
+        ``(operation, created)``; a retry of the same refused request gets the same one.
+        Raises ``Conflict`` as ``submit`` does when ``seq`` cannot take it (used by another
+        payload, already executed, the queue closed)."""
+        with self._lock:
+            existing = self._by_seq.get(seq)
+            if existing is not None:
+                if existing.fingerprint != body_fingerprint or existing.primitive != primitive:
+                    raise Conflict(
+                        f"run {self.run_id}: seq {seq} was already used by a different "
+                        f"{existing.primitive} request"
+                    )
+                return existing, False
+            if seq < self._next_seq:
+                raise Conflict(f"run {self.run_id}: seq {seq} was already executed")
+            if self._closed is not None:
+                raise Conflict(f"run {self.run_id} accepts no more operations: {self._closed}")
+            if seq >= self._next_seq + self._max_ahead:
+                raise Conflict(
+                    f"run {self.run_id}: seq {seq} is more than {self._max_ahead} ahead of the "
+                    f"next one to execute ({self._next_seq}); send the missing ones first"
+                )
+            operation = Operation(self.run_id, seq, primitive, body_fingerprint, None,
+                                  refused=True)
+            operation.finish("failed", error=why, error_category="user")
+            self._by_seq[seq] = operation
+            self._lock.notify_all()
+            return operation, True
+
     # ------------------------------------------------------------ state
 
     @property
@@ -245,6 +292,9 @@ class OrderedQueue:
                     operation = self._by_seq.get(self._next_seq)
                     if operation is not None and operation.status == "queued":
                         break
+                    if operation is not None and operation.refused:
+                        self._next_seq += 1  # nothing to run; its number is used
+                        continue
                     if self._closed is not None:
                         return
                     self._lock.wait()
@@ -254,7 +304,9 @@ class OrderedQueue:
             try:
                 result = self._execute(operation)
             except Exception as error:  # the operation fails; the worker keeps going
-                operation.finish("failed", error=str(error) or type(error).__name__)
+                category = "user" if isinstance(error, CALLER_ERRORS) else "server"
+                operation.finish("failed", error=str(error) or type(error).__name__,
+                                 error_category=category)
             else:
                 operation.finish("succeeded", result=result)
             operation.request = None  # retries compare fingerprints; the body can go

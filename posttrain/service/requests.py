@@ -121,10 +121,12 @@ class SaveWeights:
 
 @dataclass(frozen=True)
 class StateName:
-    """A save_state / load_state / export_lora target; ``run_id`` names another run's state."""
+    """A save_state / load_state / export_lora target; ``run_id`` names another run's state;
+    ``optimizer`` False loads the adapter alone (fresh AdamW moments)."""
 
     name: str
     run_id: str | None = None
+    optimizer: bool = True
 
 
 @dataclass(frozen=True)
@@ -233,8 +235,10 @@ def state_name(value: Any, where: str) -> str:
 # ---------------------------------------------------------------- bodies
 
 
-def parse_lora(body: Any, limits: Limits, module_names: tuple[str, ...]) -> LoraSpec:
-    """The LoRA part of a create-run body; ``module_names`` are the model's linear layers."""
+def parse_lora(body: Any, limits: Limits, module_names: tuple[str, ...], *,
+               optional_modules: tuple[str, ...] = ()) -> LoraSpec:
+    """The LoRA part of a create-run body; ``module_names`` are the model's linear layers
+    (the default targets), ``optional_modules`` others a body may name (the unembedding)."""
     body = _object(body, "body")
     rank = integer(body.get("rank", 16), "rank", low=1, high=limits.max_lora_rank)
     alpha = number(body.get("alpha", 2 * rank), "alpha", low=0)
@@ -242,11 +246,12 @@ def parse_lora(body: Any, limits: Limits, module_names: tuple[str, ...]) -> Lora
     targets = body.get("target_modules", list(module_names))
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise BadRequest("target_modules: expected a non-empty list of module names")
-    unknown = sorted(set(targets) - set(module_names))
+    allowed = (*module_names, *optional_modules)
+    unknown = sorted(set(targets) - set(allowed))
     if unknown:
         raise BadRequest(
             f"target_modules: {', '.join(unknown)} not in this model; "
-            f"choose from {', '.join(module_names)}"
+            f"choose from {', '.join(allowed)}"
         )
     return LoraSpec(rank=rank, alpha=alpha, target_modules=tuple(dict.fromkeys(targets)), seed=seed)
 
@@ -410,15 +415,20 @@ def parse_save_weights(body: Any) -> SaveWeights:
 
 
 def parse_state_name(body: Any, *, allow_run_id: bool = False) -> StateName:
-    """``{"name": ...}``; for load_state also an optional ``run_id`` (another run's save)."""
+    """``{"name": ...}``; for load_state also an optional ``run_id`` (another run's save)
+    and ``optimizer`` (default true; false loads the adapter alone)."""
     body = _object(body, "body")
-    _only(body, ("seq", "name", "run_id") if allow_run_id else ("seq", "name"), "body")
+    _only(body, ("seq", "name", "run_id", "optimizer") if allow_run_id else ("seq", "name"),
+          "body")
     run_id = body.get("run_id")
     if run_id is not None:
         # a run id names a folder under the state folder: the same rule as a name, so
         # "../../elsewhere" cannot reach outside it
         run_id = state_name(run_id, "run_id")
-    return StateName(state_name(_required(body, "name", "body"), "name"), run_id)
+    optimizer = body.get("optimizer", True)
+    if not isinstance(optimizer, bool):
+        raise BadRequest(f"optimizer: expected true or false, got {_kind(optimizer)}")
+    return StateName(state_name(_required(body, "name", "body"), "name"), run_id, optimizer)
 
 
 def parse_finish(body: Any) -> Finish:

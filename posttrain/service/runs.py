@@ -132,6 +132,12 @@ class Run:
             )
         return self.queue.submit(seq, primitive, fingerprint, request)
 
+    def refuse(self, seq: int, primitive: str, fingerprint: str, why: str):
+        """Record ``seq`` as refused (see ``OrderedQueue.refuse``)."""
+        if self.queue is None or self.status != "active":
+            raise Conflict(f"run {self.run_id} is {self.status}; it accepts no operations")
+        return self.queue.refuse(seq, primitive, fingerprint, why)
+
     # ------------------------------------------------------------ executing
 
     def _execute(self, operation: Operation) -> dict[str, Any]:
@@ -157,7 +163,7 @@ class Run:
         if primitive == "save_state":
             return self._save_state(request.name, operation.seq)
         if primitive == "load_state":
-            return self._load_state(request.name, request.run_id)
+            return self._load_state(request.name, request.run_id, request.optimizer)
         if primitive == "export_lora":
             folder = state.run_folder(self.state_dir, self.run_id) / "exports" / request.name
             files = state.export_lora(folder, model)
@@ -171,10 +177,13 @@ class Run:
         self.save_record()
         return {"name": name, "path": str(folder), "step": info["step"], "seq": seq}
 
-    def _load_state(self, name: str, source_run: str | None) -> dict[str, Any]:
+    def _load_state(self, name: str, source_run: str | None, optimizer: bool = True
+                    ) -> dict[str, Any]:
         folder = state.run_folder(self.state_dir, source_run or self.run_id) / "states" / name
-        info = state.load_state(folder, self.model, base_model=self.base_model)
-        return {"name": name, "run_id": source_run or self.run_id, "step": info["step"]}
+        info = state.load_state(folder, self.model, base_model=self.base_model,
+                                with_optimizer=optimizer)
+        return {"name": name, "run_id": source_run or self.run_id, "step": info["step"],
+                "optimizer": optimizer}
 
     def _after(self, operation: Operation) -> bool:
         """Called by the worker after each operation; True stops the worker."""

@@ -114,9 +114,25 @@ def save_state(
     return info
 
 
-def load_state(folder: Path, model: Any, *, base_model: str) -> dict[str, Any]:
+def read_state_info(folder: Path) -> dict[str, Any]:
+    """The ``state.json`` of a saved state (its step, seq, LoRA spec and base model).
+
+    Raises ``LookupError`` naming the state and its run (never the server's paths) when
+    the folder holds no state."""
+    info_path = folder / "state.json"
+    if not info_path.is_file():
+        # named by run and state, never by absolute path: the client need not learn it
+        raise LookupError(f"no saved state {folder.name!r} in run {folder.parent.parent.name!r} "
+                          "(save_state writes one)")
+    return json.loads(info_path.read_text())
+
+
+def load_state(folder: Path, model: Any, *, base_model: str, with_optimizer: bool = True
+               ) -> dict[str, Any]:
     """Load a saved state into ``model`` (a ``LoraModel``): adapter, AdamW state, step.
 
+    Without ``with_optimizer`` only the adapter and the step are loaded and the AdamW
+    moments start afresh (the tinker SDK's ``create_training_client_from_state``).
     Everything is read and checked before anything is assigned, so a bad state leaves the
     model as it was. Accumulated gradients are cleared. Returns the ``state.json`` content.
     Raises ``LookupError`` when the folder holds no state, ``ValueError`` when it does not
@@ -125,12 +141,7 @@ def load_state(folder: Path, model: Any, *, base_model: str) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    info_path = folder / "state.json"
-    if not info_path.is_file():
-        # named by run and state, never by absolute path: the client need not learn it
-        raise LookupError(f"no saved state {folder.name!r} in run {folder.parent.parent.name!r} "
-                          "(save_state writes one)")
-    info = json.loads(info_path.read_text())
+    info = read_state_info(folder)
     if info.get("base_model") != base_model:
         raise ValueError(
             f"state {folder.name} was saved on base model {info.get('base_model')!r}, "
@@ -154,7 +165,8 @@ def load_state(folder: Path, model: Any, *, base_model: str) -> dict[str, Any]:
         for name, parameter in model.parameters.items():
             parameter.copy_(adapter[name])
     model.optimizer.state.clear()
-    for name, steps in info.get("optimizer_steps", {}).items():
+    saved_moments = info.get("optimizer_steps", {}) if with_optimizer else {}
+    for name, steps in saved_moments.items():
         parameter = model.parameters[name]
         model.optimizer.state[parameter] = {
             "step": torch.tensor(float(steps)),
