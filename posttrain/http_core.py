@@ -279,6 +279,7 @@ async def drain(receive: Any, seconds: float) -> None:
 def endpoint(handler: Handler, rules: Rules) -> Any:
     """A Starlette endpoint running ``handler`` in the thread pool."""
     from starlette.concurrency import run_in_threadpool
+    from starlette.requests import ClientDisconnect
     from starlette.responses import Response as StarletteResponse
 
     async def answer(request: Any) -> Any:
@@ -288,6 +289,8 @@ def endpoint(handler: Handler, rules: Rules) -> Any:
             response = error_response(408, f"the request body stalled: {error}")
             return StarletteResponse(response.body, 408, {"connection": "close"},
                                      media_type=response.content_type)
+        except ClientDisconnect:  # it hung up inside its body: no one to answer, no bug
+            return StarletteResponse(b"", 400, {"connection": "close"})
         ours = Request(request.method, request.url.path, dict(request.path_params),
                        parse_qs(request.url.query), request.headers, body)
         try:
