@@ -18,6 +18,10 @@ Endpoints (JSON in, JSON out; errors are ``{"error": {"status", "message"}}``)::
     POST /v1/training/runs/<id>/<primitive>     {"seq"?, ...}: 202 + operation (200 on a retry)
     GET  /v1/training/operations/<id>?wait=<s>  long-poll until the operation ends (or wait s)
 
+Next to them, on the same engine: OpenAI's ``/v1/chat/completions`` and ``/v1/models``
+(``posttrain.service.chat``) and, when the ``tinker`` package is installed, the tinker SDK's
+wire protocol under ``/api/v1/`` (``posttrain.service.tinker_wire``).
+
 The server binds 127.0.0.1 unless told otherwise and refuses to bind anywhere else
 without a token; with a token every request needs ``Authorization: Bearer <token>``.
 Bodies over the published ``max_body_bytes`` are refused (413) before they are read.
@@ -156,6 +160,23 @@ def openai_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Re
     ]
 
 
+def tinker_available() -> bool:
+    """Can the tinker routes run here? They need the ``tinker`` package (its protobuf
+    schema): ``pip install 'posttrain[tinker]'``."""
+    try:
+        import tinker.proto.tinker_public_pb2  # noqa: F401
+    except Exception:  # not installed, or an install that does not import
+        return False
+    return True
+
+
+def tinker_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Response]]]:
+    """The tinker SDK's wire protocol, ``/api/v1/...`` (``posttrain.service.tinker_wire``)."""
+    from posttrain.service.tinker_wire import TinkerService
+
+    return TinkerService(engine).routes()
+
+
 class RunningServer:
     """A server on a background thread: ``url``, ``port``, ``engine``, ``stop()``."""
 
@@ -200,7 +221,10 @@ def start_server(
                                           max_body_bytes=engine.limits.max_body_bytes,
                                           read_timeout_s=read_timeout_s,
                                           name="posttrain serve", verbose=verbose))
-    for method, path, handler in [*service_routes(engine), *openai_routes(engine)]:
+    routes = [*service_routes(engine), *openai_routes(engine)]
+    if tinker_available():
+        routes += tinker_routes(engine)
+    for method, path, handler in routes:
         server.add_route(method, path, handler)
     return RunningServer(server, engine)
 
@@ -224,6 +248,13 @@ def serve(
     dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]
     print(f"posttrain serve: {base_model} on {running.url}{PREFIX} (state in {engine.state_dir})",
           flush=True)
+    if tinker_available():
+        key = "<the --token, which must start with tml->" if token else "tml-local"
+        print(f"  tinker SDK route: TINKER_BASE_URL={running.url} TINKER_API_KEY={key} "
+              "(docs/service.md, 'Use it with the tinker SDK')", flush=True)
+    else:
+        print("  the tinker SDK route is off: pip install 'posttrain[tinker]' turns it on",
+              flush=True)
     if dormant:
         print(f"  {len(dormant)} dormant run(s) can be resumed: "
               + ", ".join(r["run_id"] for r in dormant), flush=True)

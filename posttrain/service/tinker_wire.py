@@ -1,0 +1,301 @@
+"""The tinker SDK's wire protocol (SDK 0.38.x) on ``posttrain serve``: ``/api/v1/...``.
+
+The unmodified ``tinker`` SDK, pointed here with ``TINKER_BASE_URL`` and any ``tml-`` key,
+trains and samples on the same engine as the ``/v1/training`` routes. This module holds
+the routes, sessions and sampling sessions; the rest lives beside it:
+
+- a tinker **session** is an engine session (heartbeat timeout ``session_timeout_s``; the
+  SDK heartbeats every 10 s); ``sessions/{id}/finish`` closes it and cancels its runs;
+- **training clients** and their ``seq_id``'d requests: ``posttrain.service.tinker_training``;
+- **sampling sessions** sample the base model, a run's snapshot, or a saved adapter
+  (``posttrain.service.tinker_sampling``) on the compute thread;
+- submissions answer a future at once and ``retrieve_future`` long-polls it
+  (``posttrain.service.tinker_futures``); forward, forward_backward and sample results
+  are protobuf (``posttrain.service.tinker_proto``); JSON bodies are checked in
+  ``posttrain.service.tinker_requests``.
+
+Errors: a malformed request that cannot be tied to a ``seq`` is a 4xx with the service's
+envelope (never 409: the SDK retries that for five minutes; 429 only when it should back
+off); a refused or failed operation is a 200 ``{"error", "category"}`` from
+``retrieve_future``, which the SDK raises as ``RequestFailedError``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.http_core import HttpError, Request, Response, json_bytes, json_response
+from posttrain.service.errors import BadRequest, Conflict, NotFound, ServiceError
+from posttrain.service.tinker_futures import Answer, FutureStore, digest_of, task_waiter
+from posttrain.service.tinker_proto import ProtoError
+from posttrain.service.tinker_requests import (
+    body_object,
+    check_sdk_version,
+    checkpoint_path,
+    parse_sample,
+    text,
+    whole,
+)
+from posttrain.service.tinker_sampling import SamplerSource, TinkerSampling
+from posttrain.service.tinker_training import TinkerTraining
+
+PREFIX = "/api/v1"
+
+
+@dataclass(frozen=True)
+class TinkerSettings:
+    """How the tinker routes behave."""
+
+    long_poll_s: float = field(default=25.0, metadata={
+        "help": "longest wait of one retrieve_future before a 408 try-again (the SDK's poll "
+        "times out at 45 s)"})
+    session_timeout_s: float = field(default=600.0, metadata={
+        "help": "a session silent this long is reaped (the SDK heartbeats every 10 s)"})
+    max_pending_samples: int = field(default=512, metadata={
+        "help": "asample requests waiting at once; past it the SDK is told 429 and backs off"})
+    max_long_polls: int = field(default=24, metadata={
+        "help": "retrieve_future calls held for the whole long poll at once; the ones past it "
+        "are answered within crowded_poll_s, so polls never hold all of the server's request "
+        "threads (40) while a submission they wait for queues behind them"})
+    crowded_poll_s: float = field(default=1.0, metadata={
+        "help": "longest wait of a retrieve_future past max_long_polls"})
+
+
+@dataclass(frozen=True)
+class SamplingSession:
+    sampling_session_id: str
+    session_id: str
+    source: SamplerSource
+
+
+def tokenizer_source(engine: Any) -> str:
+    """The base model's local folder (what the SDK hands ``AutoTokenizer``); the engine's
+    model name when the weights came from the hub cache. The SDK cuts names at the first
+    ``:``, so a folder holding one cannot be used."""
+    folder = getattr(engine.policy, "source", None)
+    return str(folder) if folder and ":" not in str(folder) else engine.base_model
+
+
+def _same_folder(name: str, folder: str) -> bool:
+    """Does ``name`` point at ``folder`` (another spelling of the same path)?"""
+    try:
+        return Path(name).expanduser().resolve() == Path(folder).resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+class TinkerService:
+    """The state behind the tinker routes: training clients, sampling sessions, futures."""
+
+    def __init__(self, engine: Any, settings: TinkerSettings | None = None):
+        self.engine = engine
+        self.settings = settings or TinkerSettings()
+        self.futures = FutureStore(engine.limits.operation_retention_s)
+        self.sampling = TinkerSampling(engine)
+        self.model_name = tokenizer_source(engine)
+        self.training = TinkerTraining(
+            engine, self.futures, model_name=self.model_name, open_session=self._open_session,
+            check_base_model=self._check_base_model,
+            register_sampling=self._register_sampling)
+        self._lock = threading.Lock()
+        self._sampling_sessions: dict[str, SamplingSession] = {}
+        self._sampling_keys: dict[tuple[str, int], str] = {}
+        self._long_polls = 0  # retrieve_future calls waiting now
+
+    # ------------------------------------------------------------ routes
+
+    def routes(self) -> list[tuple[str, str, Callable[[Request], Response]]]:
+        """(method, path, handler) of every tinker endpoint."""
+        table: list[tuple[str, str, Callable[[Request], Any]]] = [
+            ("POST", "/client/config", self.client_config),
+            ("POST", "/client/dynamic_config", lambda r: {"refresh_interval_sec": 300,
+                                                          "sample_cancel_enabled": False}),
+            ("POST", "/create_session", self.create_session),
+            ("POST", "/session_heartbeat", self.session_heartbeat),
+            ("POST", "/sessions/{session_id}/finish", self.finish_session),
+            ("POST", "/telemetry", lambda r: {"status": "accepted"}),
+            ("GET", "/healthz", lambda r: {"status": "ok"}),
+            ("GET", "/get_server_capabilities", self.capabilities),
+            ("POST", "/create_model", self.training.create_model),
+            ("POST", "/get_info", self.training.get_info),
+            ("POST", "/forward_backward", self.training.forward_backward),
+            ("POST", "/optim_step", self.training.optim_step),
+            ("POST", "/save_weights", self.training.save_weights),
+            ("POST", "/save_weights_for_sampler", self.training.save_weights_for_sampler),
+            ("POST", "/save_weights_external", self.training.save_weights_external),
+            ("POST", "/load_weights", self.training.load_weights),
+            ("POST", "/create_sampling_session", self.create_sampling_session),
+            ("GET", "/samplers/{sampler_id}", self.get_sampler),
+            ("POST", "/asample", self.asample),
+            ("POST", "/retrieve_future", self.retrieve_future),
+        ]
+        return [(method, PREFIX + path, self._answer(call)) for method, path, call in table]
+
+    @staticmethod
+    def _answer(call: Callable[[Request], Any]) -> Callable[[Request], Response]:
+        def handle(request: Request) -> Response:
+            try:
+                result = call(request)
+            except ProtoError as error:
+                raise HttpError(400, str(error)) from None
+            except ServiceError as error:
+                # 409 would be retried by the SDK for five minutes: a conflict is final here
+                raise HttpError(400 if error.status == 409 else error.status,
+                                error.message) from None
+            return result if isinstance(result, Response) else json_response(result)
+        return handle
+
+    # ------------------------------------------------------------ lookups
+
+    def _open_session(self, session_id: Any) -> str:
+        if not isinstance(session_id, str):
+            raise BadRequest("session_id: expected a string")
+        status = self.engine.get_session(session_id)["status"]
+        if status != "open":
+            raise BadRequest(f"session {session_id} is {status}; create a new ServiceClient")
+        return session_id
+
+    def _check_base_model(self, name: Any, where: str = "base_model") -> None:
+        names = {self.engine.base_model, self.model_name}
+        if isinstance(name, str) and (name in names or _same_folder(name, self.model_name)):
+            return
+        raise BadRequest(f"{where}: this server serves {self.engine.base_model!r} (also known "
+                         f"by its folder {self.model_name!r}), not {name!r}")
+
+    def _register_sampling(self, session_id: str, seq: int, source: SamplerSource) -> str:
+        with self._lock:
+            known = self._sampling_keys.get((session_id, seq))
+            if known is not None:
+                if self._sampling_sessions[known].source != source:
+                    raise BadRequest(f"sampling_session_seq_id {seq} of session {session_id} "
+                                     "already names another sampler")
+                return known
+            sampling_session_id = "samp-" + uuid.uuid4().hex[:16]
+            self._sampling_sessions[sampling_session_id] = SamplingSession(
+                sampling_session_id, session_id, source)
+            self._sampling_keys[(session_id, seq)] = sampling_session_id
+            return sampling_session_id
+
+    def _sampling_session(self, sampling_session_id: Any) -> SamplingSession:
+        with self._lock:
+            found = self._sampling_sessions.get(sampling_session_id) \
+                if isinstance(sampling_session_id, str) else None
+        if found is None:
+            raise NotFound(f"no sampling session {sampling_session_id!r} here")
+        return found
+
+    # ------------------------------------------------------------ bootstrap and sessions
+
+    def client_config(self, request: Request) -> dict[str, Any]:
+        check_sdk_version(request.json(empty={}))
+        limits = self.engine.limits
+        return {
+            "pjwt_auth_enabled": False,
+            "parallel_fwdbwd_chunks": True,
+            "proto_compress_fwdbwd": False,
+            "fwdbwd_max_chunk_len": limits.max_datums,
+            # a chunk must fit the body limit and the per-call token limit (every token
+            # costs at least 12 bytes: an int32 input and an int64 target)
+            "fwdbwd_max_chunk_bytes_count": min(5_000_000, limits.max_body_bytes // 2,
+                                                limits.max_tokens_per_call * 12),
+            "sample_max_concurrent_requests": self.settings.max_pending_samples,
+            "sample_use_retrieve_futures": False,
+            "custom_loss_server_side": False,
+            "sample_join_sampling_session": False,
+        }
+
+    def create_session(self, request: Request) -> dict[str, Any]:
+        check_sdk_version(request.json(empty={}))
+        session = self.engine.create_session(
+            {"heartbeat_timeout_s": self.settings.session_timeout_s})
+        return {"session_id": session["session_id"], "type": "create_session"}
+
+    def session_heartbeat(self, request: Request) -> dict[str, Any]:
+        session_id = body_object(request.json(empty={})).get("session_id")
+        try:
+            self.engine.heartbeat(session_id)
+        except (NotFound, Conflict) as error:
+            raise HttpError(410, error.message) from None  # 410 stops the SDK's heartbeat
+        return {"type": "session_heartbeat"}
+
+    def finish_session(self, request: Request) -> dict[str, Any]:
+        session_id = request.match["session_id"]
+        session = self.engine.close_session(session_id)
+        with self._lock:
+            for sampling_session_id, entry in list(self._sampling_sessions.items()):
+                if entry.session_id == session_id:
+                    del self._sampling_sessions[sampling_session_id]
+        return {"session_id": session_id, "status": session["status"]}
+
+    def capabilities(self, request: Request) -> dict[str, Any]:
+        return {"supported_models": [{
+            "model_name": self.engine.base_model,
+            "max_context_length": self.engine.limits.max_sequence_tokens,
+            "trainable": True, "sampleable": True}]}
+
+    # ------------------------------------------------------------ sampling
+
+    def create_sampling_session(self, request: Request) -> dict[str, Any]:
+        body = body_object(request.json())
+        session_id = self._open_session(body.get("session_id"))
+        seq = whole(body, "sampling_session_seq_id", low=0)
+        if body.get("base_model") is not None:
+            self._check_base_model(body["base_model"])
+        if body.get("model_path") is not None:
+            saved = checkpoint_path(body["model_path"], "model_path")
+            source = SamplerSource(saved.kind, saved.run_id, name=saved.name)
+            self.sampling.check_saved(source)
+        elif body.get("base_model") is not None:
+            source = SamplerSource("base")
+        else:
+            raise BadRequest("body: send model_path (a tinker:// path) or base_model")
+        return {"sampling_session_id": self._register_sampling(session_id, seq, source),
+                "type": "create_sampling_session"}
+
+    def get_sampler(self, request: Request) -> dict[str, Any]:
+        entry = self._sampling_session(request.match["sampler_id"])
+        return {"sampler_id": entry.sampling_session_id, "base_model": self.model_name,
+                "model_path": entry.source.model_path}
+
+    def asample(self, request: Request) -> dict[str, Any]:
+        body = body_object(request.json())
+        entry = self._sampling_session(text(body, "sampling_session_id"))
+        self._open_session(entry.session_id)
+        seq = whole(body, "seq_id", low=0)
+        job = parse_sample(body, self.engine.vocab_size, self.engine.limits)
+        if self.futures.pending("Sample") >= self.settings.max_pending_samples:
+            raise ServiceError(f"{self.settings.max_pending_samples} samples are waiting; "
+                               "retry in a moment", status=429)
+        future, _ = self.futures.submit(
+            ("sample", entry.sampling_session_id, seq), digest_of(body), "Sample",
+            lambda: task_waiter(lambda: Answer.proto(self.sampling.sample(entry.source, job))))
+        return {"request_id": future.request_id,
+                "sample_sequence_ids": [f"{future.request_id}-{index}"
+                                        for index in range(job.num_samples)]}
+
+    # ------------------------------------------------------------ futures
+
+    def retrieve_future(self, request: Request) -> Response:
+        request_id = text(body_object(request.json()), "request_id")
+        future = self.futures.get(request_id)
+        if future is None:
+            raise NotFound(f"no future {request_id!r} (a finished one is kept "
+                           f"{self.futures.retention_s:g} s; a restart forgets them all)")
+        with self._lock:
+            crowded = self._long_polls >= self.settings.max_long_polls
+            self._long_polls += 1
+        try:
+            answer = future.wait(self.settings.crowded_poll_s if crowded
+                                 else self.settings.long_poll_s)
+        finally:
+            with self._lock:
+                self._long_polls -= 1
+        if answer is None:  # the SDK re-polls at once on 408, without logging a warning
+            return Response(408, json_bytes({"type": "try_again", "request_id": request_id,
+                                             "queue_state": "active"}))
+        return Response(200, answer.body, answer.content_type)
