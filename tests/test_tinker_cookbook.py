@@ -1,0 +1,163 @@
+"""The unmodified tinker-cookbook 0.6.1 loops against `posttrain serve`, offline.
+
+`tinker_cookbook.supervised.train` (on a local JSONL of conversations) and
+`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment) run two
+steps each against a server on 127.0.0.1 with starter-2m; the RL run is then continued
+from its `checkpoints.jsonl`, which the cookbook resumes through
+`create_training_client_from_state_with_optimizer`. The model name handed to the
+cookbook is starter-2m's local folder, with the `role_colon` renderer (the cookbook's
+name tables only know hub models); nothing reaches a hub.
+
+The cookbook is installed with `--no-deps` (scripts/venv.sh says why); without it these
+tests are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tinker")
+pytest.importorskip("tinker_cookbook")
+
+import chz
+from tinker_cookbook import renderers
+from tinker_cookbook.rl import train as rl_train
+from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
+from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
+from tinker_cookbook.supervised import train as sl_train
+from tinker_cookbook.supervised.data import FromConversationFileBuilder
+from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+from posttrain.service.api import start_server
+from posttrain.service.engine import Engine
+
+BASE = "starter-2m"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline_sdk():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINKER_API_KEY", "tml-local")
+        patch.setenv("TINKER_TELEMETRY", "0")
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def server(starter_2m_folder, tmp_path_factory):
+    import torch
+
+    from posttrain.policy.models import load_policy
+
+    threads = torch.get_num_threads()
+    policy = load_policy(BASE, device="cpu", show_progress=False)
+    engine = Engine(BASE, tmp_path_factory.mktemp("state"), policy=policy, torch_threads=1)
+    running = start_server(engine, port=0)
+    yield running
+    running.stop()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_folder(server):
+    """The base model's local folder: the cookbook's model name and tokenizer here."""
+    return str(server.engine.policy.source)
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_the_supervised_loop_trains_and_saves(server, model_folder, tmp_path):
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Where is order ORD-{1000 + i}?"},
+        {"role": "assistant", "content": f"Order ORD-{1000 + i} ships tomorrow."}]}) + "\n"
+        for i in range(8)))
+    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=model_folder,
+                                            renderer_name="role_colon", max_length=256,
+                                            batch_size=4)
+    config = sl_train.Config(
+        log_path=str(tmp_path / "log"), model_name=model_folder, recipe_name="posttrain-test",
+        renderer_name="role_colon", lora_rank=8, learning_rate=1e-3, base_url=server.url,
+        dataset_builder=FromConversationFileBuilder(file_path=str(chats), common_config=common),
+        save_every=1, eval_every=0, infrequent_eval_every=0, max_steps=2)
+    asyncio.run(sl_train.main(config))
+    metrics = records(tmp_path / "log" / "metrics.jsonl")
+    assert [row["step"] for row in metrics] == [0, 1]
+    # both steps trained the same 8 conversations (two batches of 4): the nll is finite
+    assert all(0 < row["train_mean_nll"] < 20 for row in metrics)
+    final = records(tmp_path / "log" / "checkpoints.jsonl")[-1]
+    assert final["name"] == "final" and final["state_path"].startswith("tinker://run-")
+    assert "/sampler_weights/final" in final["sampler_path"]
+
+
+class OrderQuestion(ProblemEnv):
+    """Reward 1 when the reply mentions an order id (the starter was trained on such)."""
+
+    def __init__(self, renderer, number: int):
+        super().__init__(renderer, require_stop_sequence_for_format=False)
+        self.number = number
+
+    def get_question(self) -> str:
+        return f"Where is order ORD-{self.number}?"
+
+    def check_answer(self, response: str) -> bool:
+        return "ORD" in response
+
+    def check_format(self, response: str) -> bool:
+        return bool(response.strip())
+
+    def get_reference_answer(self) -> str:
+        return f"ORD-{self.number}"
+
+
+class OrderQuestions(RLDataset):
+    def __init__(self, renderer):
+        self.renderer = renderer
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        return [ProblemGroupBuilder(env_thunk=lambda n=2 * index + k: OrderQuestion(
+            self.renderer, 1000 + n), num_envs=4) for k in range(2)]
+
+    def __len__(self) -> int:
+        return 4
+
+
+@chz.chz
+class OrderQuestionsBuilder(RLDatasetBuilder):
+    model_folder: str
+
+    async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
+        tokenizer = get_tokenizer(self.model_folder)
+        return OrderQuestions(renderers.get_renderer("role_colon", tokenizer)), None
+
+
+def test_the_rl_loop_trains_and_resumes_from_its_checkpoints(server, model_folder, tmp_path):
+    def config(max_steps: int) -> rl_train.Config:
+        return rl_train.Config(
+            learning_rate=1e-3, model_name=model_folder, recipe_name="posttrain-test",
+            dataset_builder=OrderQuestionsBuilder(model_folder=model_folder), max_tokens=8,
+            log_path=str(tmp_path / "log"), renderer_name="role_colon", lora_rank=8,
+            base_url=server.url, loss_fn="importance_sampling", eval_every=0, save_every=1,
+            max_steps=max_steps)
+
+    asyncio.run(rl_train.main(config(2)))
+    first = records(tmp_path / "log" / "checkpoints.jsonl")
+    assert [row["name"] for row in first] == ["000001", "000002", "final"]
+    trained = [row for row in records(tmp_path / "log" / "metrics.jsonl")
+               if "optim/kl_sample_train_v1" in row]
+    assert len(trained) == 2
+    # sampler and trainer logprobs of the same tokens agree (float rounding only)
+    assert all(abs(row["optim/kl_sample_train_v1"]) < 1e-4 for row in trained)
+
+    asyncio.run(rl_train.main(config(3)))  # picks up checkpoints.jsonl: one more step
+    resumed = records(tmp_path / "log" / "checkpoints.jsonl")[len(first):]
+    assert [row["batch"] for row in resumed if row["name"] != "final"] == [3]
+    assert resumed[-1]["state_path"].split("/")[2] != first[-1]["state_path"].split("/")[2]
