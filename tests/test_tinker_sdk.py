@@ -316,6 +316,22 @@ def test_save_state_resumes_with_and_without_the_optimizer(service, trainer, bat
     assert other != pytest.approx(continued, rel=1e-5)  # Adam started over: another step
 
 
+def test_loading_a_state_into_a_live_client_brings_its_weights_back(trainer, batch):
+    trainer.forward_backward(batch, "cross_entropy")
+    trainer.optim_step(ADAM).result()
+    saved = trainer.save_state("to-load").result()
+    at_save = trainer.forward(batch, "cross_entropy").result().metrics["loss:sum"]
+    trainer.forward_backward(batch, "cross_entropy")
+    trainer.optim_step(ADAM).result()
+    assert trainer.forward(batch, "cross_entropy").result().metrics["loss:sum"] != \
+        pytest.approx(at_save, rel=1e-6)
+    with pytest.warns(FutureWarning):  # the SDK deprecates the in-place form; it still works
+        loading = trainer.load_state_with_optimizer(saved.path)
+    assert loading.result().path == saved.path
+    assert trainer.forward(batch, "cross_entropy").result().metrics["loss:sum"] == \
+        pytest.approx(at_save, rel=1e-6)
+
+
 def test_a_saved_state_name_is_not_overwritten_unless_asked(trainer):
     trainer.save_state("kept").result()
     with pytest.raises(tinker.RequestFailedError, match="already exists"):
@@ -355,6 +371,13 @@ def test_an_unknown_sdk_version_is_refused_with_both_versions_named(server, monk
     client = tinker.ServiceClient(base_url=server.url)
     with pytest.raises(tinker.BadRequestError, match=r"tinker 0\.41\.2.*tinker==0\.38\.0"):
         client.create_lora_training_client(base_model=BASE, rank=4).result()
+
+
+def test_the_rest_client_sees_the_served_model(server):
+    capabilities = tinker.RestClient(base_url=server.url).get_server_capabilities().result()
+    (model,) = capabilities.supported_models
+    assert model.model_name == BASE and model.trainable and model.sampleable
+    assert model.max_context_length == 1024  # starter-2m's context
 
 
 def test_another_base_model_is_refused(service):
