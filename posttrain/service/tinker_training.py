@@ -153,6 +153,7 @@ class TinkerTraining:
         return model
 
     def create_model(self, request: Request) -> dict[str, Any]:
+        """``POST /create_model``: a LoRA run for a new training client (a future)."""
         body = body_object(request.json())
         session_id = self._open_session(body.get("session_id"))
         model_seq_id = whole(body, "model_seq_id", low=0)
@@ -184,6 +185,7 @@ class TinkerTraining:
             self._models[model.model_id] = model
 
     def get_info(self, request: Request) -> dict[str, Any]:
+        """``POST /get_info``: the model, its LoRA rank and the tokenizer's folder."""
         model = self._model(body_object(request.json()).get("model_id"))
         config = self.engine.policy.model.config
         return {
@@ -195,6 +197,8 @@ class TinkerTraining:
         }
 
     def load_weights(self, request: Request) -> dict[str, Any]:
+        """``POST /load_weights``: a new training client from a save (``model_seq_id``),
+        or a client's own ``load_state`` (``model_id`` + ``seq_id``)."""
         body = body_object(request.json())
         if body.get("model_id") is not None:
             return self._load_in_place(body)
@@ -255,6 +259,8 @@ class TinkerTraining:
         return {"request_id": future.request_id, "model_id": model.model_id}
 
     def forward_backward(self, request: Request) -> dict[str, Any]:
+        """``POST /forward_backward`` (protobuf): ``forward_backward`` or, with
+        ``forward_only``, ``forward``."""
         message = read_forward_backward(request.body, request.headers.get("content-encoding"))
         model = self._model(message.model_id)
         if message.seq_id < 1:
@@ -279,6 +285,7 @@ class TinkerTraining:
                                primitive, body, forward_backward_answer, digest, refusal)
 
     def optim_step(self, request: Request) -> dict[str, Any]:
+        """``POST /optim_step``: one AdamW step with the ``adam_params`` sent."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         refusal = None
@@ -315,6 +322,7 @@ class TinkerTraining:
         return note
 
     def save_weights(self, request: Request) -> dict[str, Any]:
+        """``POST /save_weights``: ``save_state`` under the name in ``path``."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         name = body.get("path")
@@ -326,6 +334,8 @@ class TinkerTraining:
             digest_of(body), refusal, self._note_name(model, "weights", str(name)))
 
     def save_weights_for_sampler(self, request: Request) -> dict[str, Any]:
+        """``POST /save_weights_for_sampler``: a named PEFT export, or (no name) an
+        in-memory snapshot with a sampling session on it."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         digest = digest_of(body)
@@ -355,6 +365,7 @@ class TinkerTraining:
             digest, refusal)
 
     def save_weights_external(self, request: Request) -> dict[str, Any]:
+        """``POST /save_weights_external``: refused (its seq is taken, see the docstring)."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         return self._sequenced(

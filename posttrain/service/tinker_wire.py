@@ -192,6 +192,7 @@ class TinkerService:
     # ------------------------------------------------------------ bootstrap and sessions
 
     def client_config(self, request: Request) -> dict[str, Any]:
+        """``POST /client/config``: the feature flags, after checking the SDK version."""
         check_sdk_version(request.json(empty={}))
         limits = self.engine.limits
         return {
@@ -210,12 +211,14 @@ class TinkerService:
         }
 
     def create_session(self, request: Request) -> dict[str, Any]:
+        """``POST /create_session``: an engine session with a long heartbeat timeout."""
         check_sdk_version(request.json(empty={}))
         session = self.engine.create_session(
             {"heartbeat_timeout_s": self.settings.session_timeout_s})
         return {"session_id": session["session_id"], "type": "create_session"}
 
     def session_heartbeat(self, request: Request) -> dict[str, Any]:
+        """``POST /session_heartbeat``; 410 for a finished or unknown session."""
         session_id = body_object(request.json(empty={})).get("session_id")
         try:
             self.engine.heartbeat(session_id)
@@ -224,6 +227,7 @@ class TinkerService:
         return {"type": "session_heartbeat"}
 
     def finish_session(self, request: Request) -> dict[str, Any]:
+        """``POST /sessions/{id}/finish``: close the session (its runs are cancelled)."""
         session_id = request.match["session_id"]
         session = self.engine.close_session(session_id)
         with self._lock:
@@ -233,6 +237,7 @@ class TinkerService:
         return {"session_id": session_id, "status": session["status"]}
 
     def capabilities(self, request: Request) -> dict[str, Any]:
+        """``GET /get_server_capabilities``: the one model served."""
         return {"supported_models": [{
             "model_name": self.engine.base_model,
             "max_context_length": self.engine.limits.max_sequence_tokens,
@@ -241,6 +246,7 @@ class TinkerService:
     # ------------------------------------------------------------ sampling
 
     def create_sampling_session(self, request: Request) -> dict[str, Any]:
+        """``POST /create_sampling_session``: from a ``tinker://`` save or the base model."""
         body = body_object(request.json())
         session_id = self._open_session(body.get("session_id"))
         seq = whole(body, "sampling_session_seq_id", low=0)
@@ -258,11 +264,13 @@ class TinkerService:
                 "type": "create_sampling_session"}
 
     def get_sampler(self, request: Request) -> dict[str, Any]:
+        """``GET /samplers/{id}``: its base model (the tokenizer's folder) and path."""
         entry = self._sampling_session(request.match["sampler_id"])
         return {"sampler_id": entry.sampling_session_id, "base_model": self.model_name,
                 "model_path": entry.source.model_path}
 
     def asample(self, request: Request) -> dict[str, Any]:
+        """``POST /asample``: a future, with one sequence id per sample."""
         body = body_object(request.json())
         entry = self._sampling_session(text(body, "sampling_session_id"))
         self._open_session(entry.session_id)
@@ -281,6 +289,7 @@ class TinkerService:
     # ------------------------------------------------------------ futures
 
     def retrieve_future(self, request: Request) -> Response:
+        """``POST /retrieve_future``: the answer, or a 408 try-again after the long poll."""
         request_id = text(body_object(request.json()), "request_id")
         future = self.futures.get(request_id)
         if future is None:
