@@ -31,6 +31,8 @@ def test_versions_are_read_from_a_json_array_or_line_by_line():
     assert parse_versions('1. "Where is my parcel ORD-1?"\n2. Has ORD-1 shipped yet, please?\n'
                           "- ok") == ["Where is my parcel ORD-1?", "Has ORD-1 shipped yet, please?"]
     assert parse_versions("") == [] and parse_versions("no") == []
+    assert parse_versions("A customer wrote:\nToo short here\nWhere did my parcel go, "
+                          "please?") == ["Where did my parcel go, please?"]
 
 
 def test_the_request_keeps_identifiers_and_asks_for_json():

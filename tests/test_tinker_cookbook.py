@@ -1,8 +1,8 @@
 """The unmodified tinker-cookbook 0.6.1 loops against `posttrain serve`, offline.
 
-`tinker_cookbook.supervised.train` (on a local JSONL of conversations) and
-`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment) run two
-steps each against a server on 127.0.0.1 with starter-2m; the RL run is then continued
+`tinker_cookbook.supervised.train` (on a local JSONL of conversations: its loss falls) and
+`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment: its reward
+rises) run against a server on 127.0.0.1 with starter-2m; a short RL run is then continued
 from its `checkpoints.jsonl`, which the cookbook resumes through
 `create_training_client_from_state_with_optimizer`. The model name handed to the
 cookbook is starter-2m's local folder, with the `role_colon` renderer (the cookbook's
@@ -85,14 +85,16 @@ def test_the_supervised_loop_trains_and_saves(server, model_folder, tmp_path):
                                             batch_size=4)
     config = sl_train.Config(
         log_path=str(tmp_path / "log"), model_name=model_folder, recipe_name="posttrain-test",
-        renderer_name="role_colon", lora_rank=8, learning_rate=1e-3, base_url=server.url,
+        renderer_name="role_colon", lora_rank=8, learning_rate=5e-3, base_url=server.url,
         dataset_builder=FromConversationFileBuilder(file_path=str(chats), common_config=common),
-        save_every=1, eval_every=0, infrequent_eval_every=0, max_steps=2)
+        save_every=4, eval_every=0, infrequent_eval_every=0, num_epochs=4)
     asyncio.run(sl_train.main(config))
     metrics = records(tmp_path / "log" / "metrics.jsonl")
-    assert [row["step"] for row in metrics] == [0, 1]
-    # both steps trained the same 8 conversations (two batches of 4): the nll is finite
-    assert all(0 < row["train_mean_nll"] < 20 for row in metrics)
+    assert [row["step"] for row in metrics] == list(range(8))  # 4 passes over 2 batches
+    # the loss falls as the 8 conversations are learned (measured 7.9 -> 5.2 here)
+    nll = [row["train_mean_nll"] for row in metrics]
+    assert all(0 < value < 20 for value in nll)
+    assert sum(nll[-2:]) / 2 < 0.85 * sum(nll[:2]) / 2, nll
     final = records(tmp_path / "log" / "checkpoints.jsonl")[-1]
     assert final["name"] == "final" and final["state_path"].startswith("tinker://run-")
     assert "/sampler_weights/final" in final["sampler_path"]
@@ -127,7 +129,7 @@ class OrderQuestions(RLDataset):
             self.renderer, 1000 + n), num_envs=4) for k in range(2)]
 
     def __len__(self) -> int:
-        return 4
+        return 12
 
 
 @chz.chz
@@ -139,14 +141,28 @@ class OrderQuestionsBuilder(RLDatasetBuilder):
         return OrderQuestions(renderers.get_renderer("role_colon", tokenizer)), None
 
 
+def rl_config(server, model_folder, log_path, max_steps: int) -> rl_train.Config:
+    return rl_train.Config(
+        learning_rate=3e-3, model_name=model_folder, recipe_name="posttrain-test",
+        dataset_builder=OrderQuestionsBuilder(model_folder=model_folder), max_tokens=8,
+        log_path=str(log_path), renderer_name="role_colon", lora_rank=8,
+        base_url=server.url, loss_fn="importance_sampling", eval_every=0, save_every=1,
+        max_steps=max_steps)
+
+
+def test_the_rl_loops_reward_rises(server, model_folder, tmp_path):
+    """12 steps of 2 groups x 4 samples: the share of replies naming an order id climbs
+    (in 4 runs here from about 0.0 over the first 3 steps to 0.7-0.9 over the last 3)."""
+    asyncio.run(rl_train.main(rl_config(server, model_folder, tmp_path / "log", 12)))
+    rewards = [row["env/all/reward/total"] for row in records(tmp_path / "log" / "metrics.jsonl")
+               if "env/all/reward/total" in row]
+    assert len(rewards) == 12
+    assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.3, rewards
+
+
 def test_the_rl_loop_trains_and_resumes_from_its_checkpoints(server, model_folder, tmp_path):
     def config(max_steps: int) -> rl_train.Config:
-        return rl_train.Config(
-            learning_rate=1e-3, model_name=model_folder, recipe_name="posttrain-test",
-            dataset_builder=OrderQuestionsBuilder(model_folder=model_folder), max_tokens=8,
-            log_path=str(tmp_path / "log"), renderer_name="role_colon", lora_rank=8,
-            base_url=server.url, loss_fn="importance_sampling", eval_every=0, save_every=1,
-            max_steps=max_steps)
+        return rl_config(server, model_folder, tmp_path / "log", max_steps)
 
     asyncio.run(rl_train.main(config(2)))
     first = records(tmp_path / "log" / "checkpoints.jsonl")

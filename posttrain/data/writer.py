@@ -121,7 +121,8 @@ def writer_messages(seed_prompt: str, angle: str, count: int) -> list[dict[str, 
 
 def parse_versions(reply: str) -> list[str]:
     """The versions in a writer's reply: its JSON array of strings (also inside other
-    text), else its non-empty lines with list marks and quotes stripped."""
+    text), else its lines of four words or more that do not end in a colon, with list
+    marks and quotes stripped."""
     start, end = reply.find("["), reply.rfind("]")
     if 0 <= start < end:
         try:
@@ -134,7 +135,9 @@ def parse_versions(reply: str) -> list[str]:
     versions = []
     for line in reply.splitlines():
         text = _LIST_MARK.sub("", line).strip().strip('",').strip()
-        if len(text) >= 12 and not text.startswith(("[", "]", "{", "}")):
+        # a message, not a heading ("A customer wrote:"), a fragment or a bracket
+        if (len(text.split()) >= 4 and not text.endswith(":")
+                and not text.startswith(("[", "]", "{", "}"))):
             versions.append(text)
     return versions
 
