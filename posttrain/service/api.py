@@ -248,6 +248,8 @@ def serve(
     dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]
     print(f"posttrain serve: {base_model} on {running.url}{PREFIX} (state in {engine.state_dir})",
           flush=True)
+    print(f"  OpenAI-compatible route: {running.url}/v1 (model {base_model!r}; docs/service.md, "
+          "'Use it as an OpenAI endpoint')", flush=True)
     if tinker_available():
         key = "<the --token, which must start with tml->" if token else "tml-local"
         print(f"  tinker SDK route: TINKER_BASE_URL={running.url} TINKER_API_KEY={key} "
