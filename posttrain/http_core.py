@@ -99,25 +99,14 @@ class Response:
 Handler = Callable[[Request], Response]
 
 
-def finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None (JSON has neither)."""
-    import math
-
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(key): finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(item) for item in value]
-    return value
-
-
 def json_bytes(payload: Any) -> bytes:
     """Compact UTF-8 JSON; a non-finite number goes out as null."""
+    from posttrain.runs.ops import to_jsonable
+
     try:
         text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        text = json.dumps(finite(payload), separators=(",", ":"), allow_nan=False)
+        text = json.dumps(to_jsonable(payload), separators=(",", ":"), allow_nan=False)
     return text.encode("utf-8")
 
 

@@ -17,9 +17,14 @@ COMMON = ["--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "2"
           "--eval-repeats", "1"]
 
 
+def launch_environment() -> dict[str, str]:
+    """This process's environment without what would send the run elsewhere or fake a rank."""
+    return {key: value for key, value in os.environ.items()
+            if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+
+
 def torchrun(args: list[str], runs, timeout: int = 900) -> subprocess.CompletedProcess:
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    environment = launch_environment()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", "2", "-m", "posttrain", *args, "--runs-dir", str(runs)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -103,8 +108,7 @@ def test_accelerate_launch_runs_sft_on_two_processes(starter_2m_folder, tmp_path
     """`accelerate launch --multi_gpu` is the accelerate form that starts 2 processes on a
     CPU (with `--cpu` it starts one); the world size is checked, not assumed."""
     runs = tmp_path / "runs"
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    environment = launch_environment()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                "--dynamo_backend", "no", "--main_process_port", "0",
@@ -140,8 +144,7 @@ def test_an_fsdp_config_on_a_cpu_trains_data_parallel_and_says_so(starter_2m_fol
 
     runs = tmp_path / "runs"
     config = Path(__file__).parents[1] / "examples" / "accelerate" / "fsdp.yaml"
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    environment = launch_environment()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--mixed_precision", "no", "--main_process_port", "0",
                "-m", "posttrain", "sft", *COMMON, "--steps", "1", "--batch-size", "4",

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_servers import ChatHandler, completion, serving
 
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
@@ -124,54 +123,30 @@ def test_a_server_that_is_down_is_named(capsys):
 # ------------------------------------------------------------------ a server of our own
 
 
-class Scripted(BaseHTTPRequestHandler):
+class Scripted(ChatHandler):
     """429 for the first ``busy`` chat requests, then a reply with a tool call."""
 
     busy = 2
     seen: list[dict]
 
-    def do_GET(self):
-        self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.body()
         type(self).seen.append(body)
         if len(type(self).seen) <= type(self).busy:
-            self._send(429, {"error": {"message": "slow down", "type": "rate_limit"}},
-                       {"Retry-After": "0"})
+            self.send_json({"error": {"message": "slow down", "type": "rate_limit"}}, 429,
+                           {"Retry-After": "0"})
             return
-        self._send(200, {
-            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": None, "tool_calls": [{
-                    "id": "call_1", "type": "function", "function": {
-                        "name": "lookup_order", "arguments": '{"order_id": "ORD-4417"}'}}]}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-    def _send(self, status, payload, headers=None):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(completion(body["model"], tool_calls=[{
+            "id": "call_1", "type": "function", "function": {
+                "name": "lookup_order", "arguments": '{"order_id": "ORD-4417"}'}}]))
 
 
 @pytest.fixture
 def scripted():
     Scripted.seen = []
     Scripted.busy = 2
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(Scripted) as url:
+        yield url
 
 
 def test_429_is_retried_with_backoff_then_the_reply_is_graded(scripted):

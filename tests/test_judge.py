@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_servers import ChatHandler, completion, serving
 
 from posttrain.cli import main
 from posttrain.score.judge import Agreement, agreement, parse_verdict
@@ -37,44 +36,24 @@ def test_the_table_counts_each_cell_and_skips_rows_without_a_verdict():
     assert Agreement(3, 0, 0, 0, 0).kappa is None  # one answer only: undefined
 
 
-class ToolCallJudge(BaseHTTPRequestHandler):
+class ToolCallJudge(ChatHandler):
     """PASS when the judged reply holds a tool call, FAIL otherwise."""
 
+    model = "judge"
     asked = 0
 
-    def do_GET(self):
-        self._send({"object": "list", "data": [{"id": "judge", "object": "model"}]})
-
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).asked += 1
-        question = body["messages"][-1]["content"]
+        question = self.body()["messages"][-1]["content"]
         reply = re.search(r"Assistant's reply:\n(.*)\n\nDoes the reply", question, re.S).group(1)
-        verdict = "PASS" if "<tool_call>" in reply else "FAIL"
-        self._send({"id": "x", "object": "chat.completion", "created": 0, "model": "judge",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": verdict}}]})
-
-    def _send(self, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(completion("judge", "PASS" if "<tool_call>" in reply else "FAIL"))
 
 
 @pytest.fixture
 def judge_url():
     ToolCallJudge.asked = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ToolCallJudge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(ToolCallJudge) as url:
+        yield url
 
 
 def test_eval_puts_the_judge_beside_the_rule(judge_url, tmp_path, capsys):

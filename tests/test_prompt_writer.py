@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_servers import ChatHandler, completion, serving
 
 from posttrain.cli import main
 from posttrain.data.writer import (
@@ -154,44 +153,23 @@ def test_the_command_refuses_two_writers_and_bad_flags(tmp_path, capsys):
     assert not (tmp_path / "p.jsonl").exists()
 
 
-class WriterEndpoint(BaseHTTPRequestHandler):
+class WriterEndpoint(ChatHandler):
     """An OpenAI-compatible writer: answers each request with two versions of its seed."""
 
-    def do_GET(self):
-        self._send({"object": "list", "data": [{"id": "writer", "object": "model"}]})
+    model = "writer"
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        seed = seed_of(body["messages"])
-        content = json.dumps([f"Hello, quick question from me. {seed}",
-                              "I would like to know the opening hours of your shop."])
-        self._send({"id": "x", "object": "chat.completion", "created": 0, "model": "writer",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}]})
-
-    def _send(self, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        seed = seed_of(self.body()["messages"])
+        self.send_json(completion("writer", json.dumps([
+            f"Hello, quick question from me. {seed}",
+            "I would like to know the opening hours of your shop."])))
 
 
 def test_a_writer_behind_an_endpoint(tmp_path, capsys):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), WriterEndpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        out = tmp_path / "endpoint.jsonl"
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    out = tmp_path / "endpoint.jsonl"
+    with serving(WriterEndpoint) as url:
         assert main(["prompts", "write", str(out), "--prompts", "10", "--endpoint", url,
                      "--angles", "plain", "--per-request", "2"]) == 0
-    finally:
-        server.shutdown()
-        server.server_close()
     printed = capsys.readouterr().out
     assert "written" in printed and f"wrote {out}" in printed
     records = [json.loads(line) for line in out.read_text().splitlines()]

@@ -124,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
         args.split
     ]
     agent = build_agent(args, env)
+    judge = None
+    if args.judge_endpoint:  # checked before the evaluation: a bad judge costs no sampling
+        from posttrain.score.judge import endpoint_judge
+
+        judge = endpoint_judge(args.judge_endpoint, args.judge_model, args.judge_key_env, env)
+        if args.judge_model:
+            judge.agent.check()
     from posttrain.score.evaluate import evaluate
 
     print(data.describe(tuple(env.categories)), file=sys.stderr)
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         label=f"evaluating {args.split}",
     )
     rows = evaluation.rows
-    judged = judge_rows(args, env, rows) if args.judge_endpoint else None
+    judged = judge_rows(judge, rows) if judge else None
     if args.out:
         from posttrain.score.rows import save_rows
 
@@ -175,17 +182,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def judge_rows(args: argparse.Namespace, env, rows: list[dict]):
+def judge_rows(judge, rows: list[dict]):
     """Ask the judge about every row, stamp its verdict (``judge``: true, false or null)
     on the row, and return the judge-vs-rule ``Agreement``."""
-    from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
     from posttrain.progress import progress_bar
-    from posttrain.score.judge import EndpointJudge, agreement
+    from posttrain.score.judge import agreement
 
-    settings = EndpointSettings(url=args.judge_endpoint, model=args.judge_model,
-                                key_env=args.judge_key_env, temperature=0.0, top_p=1.0,
-                                max_tokens=16)
-    judge = EndpointJudge(EndpointAgent(settings), env)
     verdicts: list = []
     with progress_bar("judging", len(rows)) as update:
         for start in range(0, len(rows), 32):

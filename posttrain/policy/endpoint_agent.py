@@ -48,10 +48,14 @@ class EndpointSettings:
     temperature: float = 0.8
     top_p: float = 0.95
     max_tokens: int = DEFAULT_MAX_TOKENS
+    #: the flags that named this endpoint, for messages (a judge's are --judge-endpoint, ...)
+    flag: str = "--endpoint"
+    model_flag: str = "--endpoint-model"
+    key_flag: str = "--endpoint-key-env"
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
-            raise PosttrainError(f"--endpoint {self.url}: expected an http:// or https:// URL "
+            raise PosttrainError(f"{self.flag} {self.url}: expected an http:// or https:// URL "
                                  "of an OpenAI-compatible API (e.g. http://127.0.0.1:8000/v1)")
         if self.concurrency < 1:
             raise PosttrainError(f"--endpoint-concurrency must be at least 1, got "
@@ -113,7 +117,7 @@ class EndpointAgent:
         try:
             import openai
         except ImportError:
-            raise PosttrainError("--endpoint needs the openai client: pip install "
+            raise PosttrainError(f"{settings.flag} needs the openai client: pip install "
                                  "'posttrain[endpoint]'") from None
         self.settings = settings
         self.tools = list(tools or [])
@@ -128,25 +132,28 @@ class EndpointAgent:
         self.sampling: dict[str, Any] = {key: value for key, value in asdict(settings).items()
                                          if key in ("temperature", "top_p", "max_tokens")}
 
+    def _model_names(self) -> list[str]:
+        return self._call(lambda: [model.id for model in self.client.models.list()])
+
     def _only_model(self) -> str:
-        names = self._call(lambda: [model.id for model in self.client.models.list()])
+        names = self._model_names()
         if len(names) != 1:
-            raise PosttrainError(f"--endpoint {self.settings.url} serves {len(names)} models "
-                                 f"({', '.join(names[:10]) or 'none'}): name one with "
-                                 "--endpoint-model")
+            raise PosttrainError(f"{self.settings.flag} {self.settings.url} serves "
+                                 f"{len(names)} models ({', '.join(names[:10]) or 'none'}): "
+                                 f"name one with {self.settings.model_flag}")
         return names[0]
 
     def _call(self, request: Any) -> Any:
         """``request()`` with the endpoint's refusals turned into one clear error."""
         openai = self._openai
-        where = f"--endpoint {self.settings.url}"
+        where = f"{self.settings.flag} {self.settings.url}"
         try:
             return request()
         except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
             raise PosttrainError(
                 f"{where} refused the API key (HTTP {error.status_code}: {error.message}); "
                 f"the key is read from ${self.settings.key_env} (set it, or name another "
-                "variable with --endpoint-key-env)") from None
+                f"variable with {self.settings.key_flag})") from None
         except openai.NotFoundError as error:
             raise PosttrainError(f"{where}: {error.message} (HTTP 404){self._models_hint()}"
                                  ) from None
@@ -166,9 +173,9 @@ class EndpointAgent:
     def check(self) -> None:
         """Ask the endpoint for its models now: a server that is down, a refused key or a
         model it does not serve stops here, before any work (one clear error)."""
-        names = self._call(lambda: [model.id for model in self.client.models.list()])
+        names = self._model_names()
         if self.model not in names:
-            raise PosttrainError(f"--endpoint {self.settings.url} does not serve "
+            raise PosttrainError(f"{self.settings.flag} {self.settings.url} does not serve "
                                  f"{self.model!r}; it serves: {', '.join(names[:10])}")
 
     def _models_hint(self) -> str:
@@ -185,7 +192,8 @@ class EndpointAgent:
             temperature=self.settings.temperature, top_p=self.settings.top_p,
             max_tokens=self.settings.max_tokens, seed=int(seed), **extra))
         if not response.choices:
-            raise PosttrainError(f"--endpoint {self.settings.url} answered with no choices")
+            raise PosttrainError(f"{self.settings.flag} {self.settings.url} answered with no "
+                                 "choices")
         return reply_text(response.choices[0].message)
 
     def reply_batch(self, conversations: list[Messages], seeds: list[int]) -> list[str]:

@@ -73,6 +73,20 @@ class EndpointJudge:
         return self.score_rows([{**row, "reply": reply}])[0]
 
 
+def endpoint_judge(url: str, model: str | None, key_env: str, env: Env,
+                   flag: str = "--judge-endpoint") -> EndpointJudge:
+    """The judge at ``url`` (temperature 0, a one-word answer), for eval and the monitor;
+    ``flag`` (``--judge-endpoint``, ``--gold-endpoint``) names it in messages, with its
+    ``-model`` and ``-key-env`` companions."""
+    from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
+
+    stem = flag.removesuffix("-endpoint")
+    settings = EndpointSettings(url=url, model=model, key_env=key_env, temperature=0.0,
+                                top_p=1.0, max_tokens=16, flag=flag,
+                                model_flag=f"{stem}-model", key_flag=f"{stem}-key-env")
+    return EndpointJudge(EndpointAgent(settings), env)
+
+
 @dataclass(frozen=True)
 class Agreement:
     """Judge against rule over graded rows (``rule`` is the row's ``reward``)."""

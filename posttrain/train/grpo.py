@@ -211,7 +211,9 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         if settings.monitor_every == 0:
             raise PosttrainError("--gold-endpoint judges the hack monitor's checks; it needs "
                                  "--monitor-every above 0")
-        gold_judge(settings, None).agent.check()  # reachable, key accepted, model served
+        judge = gold_judge(settings, None)  # reachable and key accepted, or it says so
+        if settings.gold_model:
+            judge.agent.check()  # the named model is served (without one, the only one is)
     if settings.use_vllm:
         problem = vllm_problem()
         if problem:
@@ -222,14 +224,11 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
 
 
 def gold_judge(settings: GRPOSettings, env: Any) -> Any:
-    """The ``--gold-endpoint`` judge (temperature 0, a one-word answer)."""
-    from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
-    from posttrain.score.judge import EndpointJudge
+    """The ``--gold-endpoint`` judge."""
+    from posttrain.score.judge import endpoint_judge
 
-    endpoint = EndpointSettings(url=str(settings.gold_endpoint), model=settings.gold_model,
-                                key_env=settings.gold_key_env, temperature=0.0, top_p=1.0,
-                                max_tokens=16)
-    return EndpointJudge(EndpointAgent(endpoint), env)
+    return endpoint_judge(str(settings.gold_endpoint), settings.gold_model,
+                          settings.gold_key_env, env, flag="--gold-endpoint")
 
 
 def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:
