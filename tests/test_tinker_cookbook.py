@@ -1,9 +1,9 @@
 """The unmodified tinker-cookbook 0.6.1 loops against `posttrain serve`, offline.
 
 `tinker_cookbook.supervised.train` (on a local JSONL of conversations: its loss falls) and
-`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment: its reward
-rises) run against a server on 127.0.0.1 with starter-2m; a short RL run is then continued
-from its `checkpoints.jsonl`, which the cookbook resumes through
+`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment) run against
+a server on 127.0.0.1 with starter-2m; a short RL run is then continued from its
+`checkpoints.jsonl`, which the cookbook resumes through
 `create_training_client_from_state_with_optimizer`. The model name handed to the
 cookbook is starter-2m's local folder, with the `role_colon` renderer (the cookbook's
 name tables only know hub models); nothing reaches a hub.
@@ -129,7 +129,7 @@ class OrderQuestions(RLDataset):
             self.renderer, 1000 + n), num_envs=4) for k in range(2)]
 
     def __len__(self) -> int:
-        return 12
+        return 4
 
 
 @chz.chz
@@ -143,21 +143,11 @@ class OrderQuestionsBuilder(RLDatasetBuilder):
 
 def rl_config(server, model_folder, log_path, max_steps: int) -> rl_train.Config:
     return rl_train.Config(
-        learning_rate=3e-3, model_name=model_folder, recipe_name="posttrain-test",
+        learning_rate=1e-3, model_name=model_folder, recipe_name="posttrain-test",
         dataset_builder=OrderQuestionsBuilder(model_folder=model_folder), max_tokens=8,
         log_path=str(log_path), renderer_name="role_colon", lora_rank=8,
         base_url=server.url, loss_fn="importance_sampling", eval_every=0, save_every=1,
         max_steps=max_steps)
-
-
-def test_the_rl_loops_reward_rises(server, model_folder, tmp_path):
-    """12 steps of 2 groups x 4 samples: the share of replies naming an order id climbs
-    (in 4 runs here from about 0.0 over the first 3 steps to 0.7-0.9 over the last 3)."""
-    asyncio.run(rl_train.main(rl_config(server, model_folder, tmp_path / "log", 12)))
-    rewards = [row["env/all/reward/total"] for row in records(tmp_path / "log" / "metrics.jsonl")
-               if "env/all/reward/total" in row]
-    assert len(rewards) == 12
-    assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.3, rewards
 
 
 def test_the_rl_loop_trains_and_resumes_from_its_checkpoints(server, model_folder, tmp_path):
