@@ -1,12 +1,12 @@
 """The unmodified tinker-cookbook 0.6.1 loops against `posttrain serve`, offline.
 
 `tinker_cookbook.supervised.train` (on a local JSONL of conversations: its loss falls) and
-`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment) run against
-a server on 127.0.0.1 with starter-2m; a short RL run is then continued from its
-`checkpoints.jsonl`, which the cookbook resumes through
+`tinker_cookbook.rl.train` (importance_sampling on a small in-test environment: its reward
+rises) run against a server on 127.0.0.1 with starter-2m; a short RL run is then continued
+from its `checkpoints.jsonl`, which the cookbook resumes through
 `create_training_client_from_state_with_optimizer`. The model name handed to the
-cookbook is starter-2m's local folder, with the `role_colon` renderer (the cookbook's
-name tables only know hub models); nothing reaches a hub.
+cookbook is starter-2m's local folder, with the `qwen3_instruct` renderer (the starters'
+chat template; the cookbook's name tables only know hub models); nothing reaches a hub.
 
 The cookbook is installed with `--no-deps` (scripts/venv.sh says why); without it these
 tests are skipped.
@@ -38,6 +38,10 @@ from posttrain.service.api import start_server
 from posttrain.service.engine import Engine
 
 BASE = "starter-2m"
+# the cookbook's Qwen3 instruct renderer writes `<|im_start|>role\n...<|im_end|>`, the
+# starters' own chat template; under `role_colon`, a format the starter never saw, the RL
+# reward started at 0.0 and then rose or collapsed to empty replies by luck (7 of 24 runs)
+RENDERER = "qwen3_instruct"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,17 +85,17 @@ def test_the_supervised_loop_trains_and_saves(server, model_folder, tmp_path):
         {"role": "assistant", "content": f"Order ORD-{1000 + i} ships tomorrow."}]}) + "\n"
         for i in range(8)))
     common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=model_folder,
-                                            renderer_name="role_colon", max_length=256,
+                                            renderer_name=RENDERER, max_length=256,
                                             batch_size=4)
     config = sl_train.Config(
         log_path=str(tmp_path / "log"), model_name=model_folder, recipe_name="posttrain-test",
-        renderer_name="role_colon", lora_rank=8, learning_rate=5e-3, base_url=server.url,
+        renderer_name=RENDERER, lora_rank=8, learning_rate=5e-3, base_url=server.url,
         dataset_builder=FromConversationFileBuilder(file_path=str(chats), common_config=common),
         save_every=4, eval_every=0, infrequent_eval_every=0, num_epochs=4)
     asyncio.run(sl_train.main(config))
     metrics = records(tmp_path / "log" / "metrics.jsonl")
     assert [row["step"] for row in metrics] == list(range(8))  # 4 passes over 2 batches
-    # the loss falls as the 8 conversations are learned (measured 7.9 -> 5.2 here)
+    # the loss falls as the 8 conversations are learned (measured 7.3 -> 4.0-4.2 here)
     nll = [row["train_mean_nll"] for row in metrics]
     assert all(0 < value < 20 for value in nll)
     assert sum(nll[-2:]) / 2 < 0.85 * sum(nll[:2]) / 2, nll
@@ -121,33 +125,56 @@ class OrderQuestion(ProblemEnv):
 
 
 class OrderQuestions(RLDataset):
-    def __init__(self, renderer):
+    def __init__(self, renderer, batches: int, groups: int, group_size: int):
         self.renderer = renderer
+        self.batches = batches
+        self.groups = groups
+        self.group_size = group_size
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        return [ProblemGroupBuilder(env_thunk=lambda n=2 * index + k: OrderQuestion(
-            self.renderer, 1000 + n), num_envs=4) for k in range(2)]
+        return [ProblemGroupBuilder(env_thunk=lambda n=self.groups * index + k: OrderQuestion(
+            self.renderer, 1000 + n), num_envs=self.group_size) for k in range(self.groups)]
 
     def __len__(self) -> int:
-        return 4
+        return self.batches
 
 
 @chz.chz
 class OrderQuestionsBuilder(RLDatasetBuilder):
     model_folder: str
+    renderer_name: str = RENDERER
+    batches: int = 4
+    groups: int = 2
+    group_size: int = 4
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         tokenizer = get_tokenizer(self.model_folder)
-        return OrderQuestions(renderers.get_renderer("role_colon", tokenizer)), None
+        renderer = renderers.get_renderer(self.renderer_name, tokenizer)
+        return OrderQuestions(renderer, self.batches, self.groups, self.group_size), None
 
 
-def rl_config(server, model_folder, log_path, max_steps: int) -> rl_train.Config:
+def rl_config(server, model_folder, log_path, max_steps: int, *, learning_rate: float = 1e-3,
+              groups: int = 2, group_size: int = 4) -> rl_train.Config:
+    dataset = OrderQuestionsBuilder(model_folder=model_folder, batches=max_steps,
+                                    groups=groups, group_size=group_size)
     return rl_train.Config(
-        learning_rate=1e-3, model_name=model_folder, recipe_name="posttrain-test",
-        dataset_builder=OrderQuestionsBuilder(model_folder=model_folder), max_tokens=8,
-        log_path=str(log_path), renderer_name="role_colon", lora_rank=8,
+        learning_rate=learning_rate, model_name=model_folder, recipe_name="posttrain-test",
+        dataset_builder=dataset, max_tokens=8,
+        log_path=str(log_path), renderer_name=RENDERER, lora_rank=8,
         base_url=server.url, loss_fn="importance_sampling", eval_every=0, save_every=1,
         max_steps=max_steps)
+
+
+def test_the_rl_loops_reward_rises(server, model_folder, tmp_path):
+    """16 steps of 4 groups x 8 replies at learning rate 5e-4: the share of replies that
+    name an order id climbs from about 0.5 to about 0.85. Measured here over 19 runs: the
+    last 8 steps averaged 0.17-0.41 (mean 0.27, sd 0.06) above the first 3 in every one."""
+    asyncio.run(rl_train.main(rl_config(server, model_folder, tmp_path / "log", 16,
+                                        learning_rate=5e-4, groups=4, group_size=8)))
+    rewards = [row["env/all/reward/total"] for row in records(tmp_path / "log" / "metrics.jsonl")
+               if "env/all/reward/total" in row]
+    assert len(rewards) == 16
+    assert sum(rewards[-8:]) / 8 >= sum(rewards[:3]) / 3 + 0.1, rewards
 
 
 def test_the_rl_loop_trains_and_resumes_from_its_checkpoints(server, model_folder, tmp_path):
