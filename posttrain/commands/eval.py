@@ -11,6 +11,7 @@ import json
 import sys
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
+from posttrain.commands.data_args import add_holdout_flags
 from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
@@ -49,9 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="holdout",
         help="which prompts to evaluate (default holdout: the ones recipes report on)",
     )
-    data.add_argument(
-        "--holdout", type=float, default=0.2, help="share of scenarios held out (default 0.2)"
-    )
+    add_holdout_flags(data)
     data.add_argument(
         "--env",
         default=DEFAULT_ENV,
@@ -117,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             prompts_file=args.prompts_file,
             seed=args.data_seed,
             holdout=args.holdout,
+            holdout_set=args.holdout_set,
         ),
         env,
     )

@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
+from posttrain.commands.data_args import add_holdout_flags
 from posttrain.data.prepare import DEFAULT_SITUATIONS
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
@@ -59,9 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--seed", type=int, default=0, help="sampling seed of the policy's replies (default 0)"
     )
-    data.add_argument(
-        "--holdout", type=float, default=0.2, help="share of scenarios held out (default 0.2)"
-    )
+    add_holdout_flags(data)
     data.add_argument(
         "--balance", type=float, default=0.0, help="repeat minority train categories (default 0)"
     )
@@ -143,6 +142,7 @@ def run_build(args: argparse.Namespace) -> int:
             prompts_file=args.prompts_file,
             seed=args.data_seed,
             holdout=args.holdout,
+            holdout_set=args.holdout_set,
             balance=args.balance,
         ),
         env,

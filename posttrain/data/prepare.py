@@ -37,6 +37,10 @@ class DataConfig:
     prompts_file: str | None = field(default=None, metadata={"help": "a JSONL prompt set instead"})
     seed: int = field(default=0, metadata={"help": "the template writer's seed"})
     holdout: float = field(default=0.2, metadata={"help": "share of scenarios held out"})
+    holdout_set: str | None = field(
+        default=None,
+        metadata={"help": "a prompt set the environment ships, by name, held out whole"},
+    )
     balance: float = field(default=0.0, metadata={"help": "repeat minority train categories"})
     stratify: bool | None = field(
         default=None,
@@ -102,6 +106,7 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     the holdout or the train side comes out empty, naming the flag to change.
     """
     check_data_config(config)
+    named = named_prompt_set(env, config.holdout_set) if config.holdout_set else None
     if config.prompts_file:
         records = load_prompts(config.prompts_file, env=env)
         source = f"{config.prompts_file} ({len(records)} prompts)"
@@ -110,6 +115,8 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
                                  "give --prompts-file")
         records = write_prompts(config.prompts, seed=config.seed)
         source = f"template simulator, {config.prompts} situations, seed {config.seed}"
+    if named is not None:
+        return _with_named_holdout(config, records, source, *named)
     stratify = bool(config.prompts_file) if config.stratify is None else config.stratify
     if stratify:
         if not any(
@@ -138,3 +145,45 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
         source=source,
         split="stratified by category, then scenario" if stratify else "hash of scenario id",
     )
+
+
+def named_prompt_set(env: Env, name: str) -> tuple[str, list[dict[str, Any]]]:
+    """``(name, records)`` of a prompt set the environment ships (its ``prompt_sets``
+    hook), or a ``PosttrainError`` that lists the names it has."""
+    sets = env_hook(env, "prompt_sets", "ships no named prompt sets",
+                    "split the holdout from the prompts with --holdout instead")()
+    if name not in sets:
+        shipped = ", ".join(sorted(sets)) or "none"
+        raise PosttrainError(
+            f"--holdout-set {name!r}: environment {getattr(env, 'name', env)!r} ships no "
+            f"prompt set of that name (it ships: {shipped})"
+        )
+    return name, load_prompts(sets[name], env=env)
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _with_named_holdout(config: DataConfig, records: list[dict[str, Any]], source: str,
+                        name: str, holdout: list[dict[str, Any]]) -> PreparedData:
+    """Every written prompt trains and the named set is the holdout, whole; a train
+    prompt that shares a scenario id or its text with the set is dropped, so nothing
+    the holdout measures was trained on."""
+    scenarios = {str(r["scenario_id"]) for r in holdout}
+    texts = {_fold(r["prompt"]) for r in holdout}
+    train = [r for r in records
+             if str(r["scenario_id"]) not in scenarios and _fold(r["prompt"]) not in texts]
+    dropped = len(records) - len(train)
+    if not train:
+        raise PosttrainError(
+            f"every prompt is also in the holdout set {name!r}: give other prompts to train on"
+        )
+    if config.balance > 0:
+        train = balance(train, config.balance)
+    split = f"holdout: the shipped set {name!r}, whole; train: every other prompt"
+    if dropped:
+        split += f" ({dropped} dropped as they are in the set)"
+    return PreparedData(train=train, holdout=holdout,
+                        source=f"{source}; holdout set {name!r} ({len(holdout)} prompts)",
+                        split=split)

@@ -12,6 +12,8 @@ command that needs a missing one with an error naming the flag that replaces it)
 - ``write_prompts(count, seed) -> list[dict]``: a prompt writer (records with
   ``prompt``, ``scenario_id``, ``category``, ``case``); the recipes and ``posttrain
   prompts write`` use it when no ``--prompts-file`` is given;
+- ``prompt_sets() -> dict[str, path]``: prompt sets the environment ships, by name;
+  ``--holdout-set NAME`` evaluates on one of them whole (``posttrain.data.prepare``);
 - ``scripted_agent(seed, behaviour) -> agent``: a scripted reference agent (no
   model) for ``posttrain eval --agent seeded``; ``behaviour`` maps a category to
   ``{move: probability}``; ``behaviour_help() -> str`` says which moves exist;

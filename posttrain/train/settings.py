@@ -129,6 +129,15 @@ class RecipeSettings:
             "is given"
         },
     )
+    holdout_set: str | None = field(
+        default=None,
+        metadata={
+            "help": "evaluate on a prompt set the environment ships, by name, instead of a "
+            "share of the prompts (refund: refund-holdout, 477 prompts); every written "
+            "prompt then trains",
+            "metavar": "NAME",
+        },
+    )
     balance: float = field(
         default=0.0,
         metadata={"help": "repeat minority-category train prompts up to this share"},
@@ -215,6 +224,7 @@ class RecipeSettings:
             prompts_file=self.prompts_file,
             seed=self.data_seed,
             holdout=self.holdout,
+            holdout_set=self.holdout_set,
             balance=self.balance,
         )
 

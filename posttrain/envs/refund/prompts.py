@@ -190,6 +190,12 @@ def _dress(body: str, tone: str, kind: str | None, rng: random.Random) -> str:
     if kind is not None:
         parts.append(CUSTOMER_KINDS[kind][rng.randrange(len(CUSTOMER_KINDS[kind]))])
     parts.append(rng.choice(TONE_CLOSERS[tone]))
+    return join_message(parts, tone, kind)
+
+
+def join_message(parts: list[str], tone: str, kind: str | None) -> str:
+    """The non-empty parts joined; a curt customer drops the final stop, a typo-prone
+    one writes in lower case (shared with the holdout grammar)."""
     text = " ".join(part for part in parts if part)
     if tone == "curt":
         text = text.rstrip(".!")

@@ -251,6 +251,13 @@ class RefundEnv:
 
         return simulate(count, seed=seed)
 
+    def prompt_sets(self) -> dict[str, Any]:
+        """Prompt sets shipped with the rule, by name (``--holdout-set``): the refund
+        holdout of about 480 grammar-written prompts (``posttrain.envs.refund.holdout``)."""
+        from posttrain.envs.refund.holdout import NAME, SHIPPED_FILE
+
+        return {NAME: SHIPPED_FILE}
+
     def scripted_agent(self, seed: int = 0,
                        behaviour: dict[str, dict[str, float]] | None = None) -> Any:
         """The seeded scripted agent (``posttrain.envs.refund.agent``)."""
