@@ -23,8 +23,8 @@ def agreement(work: Path, pass_: str) -> str:
     the same prompts, samples and seeds)."""
     ours = rows(work / f"inprocess-{pass_}.jsonl")
     theirs = rows(work / f"endpoint-{pass_}.jsonl")
-    same_reply = sum(a["reply"] == b["reply"] for a, b in zip(ours, theirs))
-    same_score = sum(a["score"] == b["score"] for a, b in zip(ours, theirs))
+    same_reply = sum(a["reply"] == b["reply"] for a, b in zip(ours, theirs, strict=True))
+    same_score = sum(a["score"] == b["score"] for a, b in zip(ours, theirs, strict=True))
     calls = sum("<tool_call>" in row["reply"] for row in theirs)
     return (f"{len(theirs)} rows; identical replies {same_reply}, identical scores "
             f"{same_score}; replies with a tool call from the server {calls}")

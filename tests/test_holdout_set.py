@@ -139,8 +139,20 @@ def test_eval_refuses_an_unknown_set_by_name(capsys):
     assert "--holdout-set 'nope'" in capsys.readouterr().err
 
 
-def test_recipes_take_the_set_by_name():
-    from posttrain.train.settings import RecipeSettings
-
-    settings = RecipeSettings(holdout_set=NAME)
-    assert settings.data_config().holdout_set == NAME
+@pytest.mark.slow
+def test_a_recipe_measures_on_the_set_by_name(starter_2m_folder, tmp_path, capsys):
+    runs_root = tmp_path
+    code = main(["sft", "--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "1",
+                 "--eval-repeats", "2", "--steps", "2", "--batch-size", "4",
+                 "--holdout-set", NAME, "--runs-dir", str(runs_root), "--run-name", "big"])
+    run = runs_root / "big"
+    summary = json.loads((run / "summary.json").read_text())
+    assert code == (0 if summary["ok"] else 1)
+    assert summary["before"]["n_scenarios"] == summary["after"]["n_scenarios"] == 477
+    assert json.loads((run / "config.json").read_text())["settings"]["holdout_set"] == NAME
+    rows = [json.loads(line) for line in (run / "holdout_after.jsonl").open()]
+    shipped = {line["scenario_id"] for line in shipped_lines()}
+    assert {row["scenario_id"] for row in rows} == shipped
+    demos = [json.loads(line) for line in (run / "demos.jsonl").open()]
+    assert demos and not {demo["scenario_id"] for demo in demos} & shipped
+    assert "holdout set 'refund-holdout' (477 prompts)" in capsys.readouterr().out
