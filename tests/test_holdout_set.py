@@ -32,12 +32,18 @@ SHIPPED_COUNTS = {"prompts": 477, "scenarios": 477, "with_id": 271, "no_id": 132
                   "off_topic": 74}
 
 
+@pytest.fixture(scope="module")
+def default_build():
+    """``build_holdout()`` at the shipped situations and seed, built once for the module."""
+    return build_holdout()
+
+
 def shipped_lines():
     return [json.loads(line) for line in SHIPPED_FILE.read_text(encoding="utf-8").splitlines()]
 
 
-def test_the_shipped_file_is_exactly_what_the_grammar_builds(tmp_path):
-    records, report = build_holdout()
+def test_the_shipped_file_is_exactly_what_the_grammar_builds(default_build, tmp_path):
+    records, report = default_build
     rebuilt = save_prompts(tmp_path / "rebuilt.jsonl", records)
     assert rebuilt.read_bytes() == SHIPPED_FILE.read_bytes()
     assert report.written == SITUATIONS
@@ -86,10 +92,10 @@ def test_whatever_the_seed_kept_messages_pass_both_filters(seed):
         assert reread["case"] == record["case"]
 
 
-def test_the_category_filter_drops_a_message_that_reads_as_another_category():
+def test_the_category_filter_drops_a_message_that_reads_as_another_category(default_build):
     # at the shipped seed two off-topic asks drew the customer line "I'm ordering for my
     # company", which the rule reads as about an order: the filter dropped both
-    _, report = build_holdout()
+    _, report = default_build
     assert report.dropped_category == 2
     assert not any("ordering for my company" in line["prompt"] and line["category"] ==
                    "off_topic" for line in shipped_lines())

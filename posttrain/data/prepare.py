@@ -13,6 +13,7 @@ from typing import Any
 
 from posttrain.data.prompts import (
     balance,
+    folded,
     load_prompts,
     split_holdout,
     split_holdout_stratified,
@@ -116,7 +117,7 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
         records = write_prompts(config.prompts, seed=config.seed)
         source = f"template simulator, {config.prompts} situations, seed {config.seed}"
     if named is not None:
-        return _with_named_holdout(config, records, source, *named)
+        return _with_named_holdout(config, records, source, named)
     stratify = bool(config.prompts_file) if config.stratify is None else config.stratify
     if stratify:
         if not any(
@@ -147,9 +148,9 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     )
 
 
-def named_prompt_set(env: Env, name: str) -> tuple[str, list[dict[str, Any]]]:
-    """``(name, records)`` of a prompt set the environment ships (its ``prompt_sets``
-    hook), or a ``PosttrainError`` that lists the names it has."""
+def named_prompt_set(env: Env, name: str) -> list[dict[str, Any]]:
+    """The records of a prompt set the environment ships (its ``prompt_sets`` hook), or a
+    ``PosttrainError`` that lists the names it has."""
     sets = env_hook(env, "prompt_sets", "ships no named prompt sets",
                     "split the holdout from the prompts with --holdout instead")()
     if name not in sets:
@@ -158,22 +159,19 @@ def named_prompt_set(env: Env, name: str) -> tuple[str, list[dict[str, Any]]]:
             f"--holdout-set {name!r}: environment {getattr(env, 'name', env)!r} ships no "
             f"prompt set of that name (it ships: {shipped})"
         )
-    return name, load_prompts(sets[name], env=env)
-
-
-def _fold(text: str) -> str:
-    return " ".join(text.lower().split())
+    return load_prompts(sets[name], env=env)
 
 
 def _with_named_holdout(config: DataConfig, records: list[dict[str, Any]], source: str,
-                        name: str, holdout: list[dict[str, Any]]) -> PreparedData:
+                        holdout: list[dict[str, Any]]) -> PreparedData:
     """Every written prompt trains and the named set is the holdout, whole; a train
     prompt that shares a scenario id or its text with the set is dropped, so nothing
     the holdout measures was trained on."""
+    name = config.holdout_set
     scenarios = {str(r["scenario_id"]) for r in holdout}
-    texts = {_fold(r["prompt"]) for r in holdout}
+    texts = {folded(r["prompt"]) for r in holdout}
     train = [r for r in records
-             if str(r["scenario_id"]) not in scenarios and _fold(r["prompt"]) not in texts]
+             if str(r["scenario_id"]) not in scenarios and folded(r["prompt"]) not in texts]
     dropped = len(records) - len(train)
     if not train:
         raise PosttrainError(

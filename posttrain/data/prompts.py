@@ -228,6 +228,11 @@ def _share(records: list[dict[str, Any]], name: str) -> float:
     return sum(1 for r in records if r["category"] == name) / len(records)
 
 
+def folded(text: str) -> str:
+    """A text with case and whitespace folded: two prompts that differ only so are one."""
+    return " ".join(text.lower().split())
+
+
 def word_set(text: str) -> frozenset[str]:
     """Lower-case alphanumeric word tokens of a text."""
     return frozenset(_WORD.findall(text.lower()))

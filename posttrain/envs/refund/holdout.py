@@ -30,6 +30,7 @@ template writer is: only ``random.Random(seed)`` draws and SHA-256 ids.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import random
@@ -312,15 +313,17 @@ def _situation(index: int, seed: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def template_pool() -> list[frozenset[str]]:
-    """Word sets of every prompt the template writer writes for ``TEMPLATE_POOL``."""
+@functools.cache
+def template_pool() -> tuple[frozenset[str], ...]:
+    """Word sets of every prompt the template writer writes for ``TEMPLATE_POOL`` (computed
+    once a process: about 6,500 template prompts, seconds to write)."""
     from posttrain.data.prompts import word_set
 
     seen: dict[str, frozenset[str]] = {}
     for situations, seed in TEMPLATE_POOL:
         for record in simulate(situations, seed):
             seen.setdefault(record["prompt"], word_set(record["prompt"]))
-    return list(seen.values())
+    return tuple(seen.values())
 
 
 def build_holdout(situations: int = SITUATIONS, seed: int = SEED

@@ -23,6 +23,7 @@ import json
 import random
 from typing import Any
 
+from posttrain.data.prompts import folded
 from posttrain.envs.refund.rule import case_for, category
 
 # share of situations per category: with-id dominates (as in real support
@@ -244,10 +245,6 @@ def _phrasings(situation: dict[str, Any], rng: random.Random) -> list[tuple[str,
     return out
 
 
-def _dedupe_key(prompt: str) -> str:
-    return " ".join(prompt.lower().split())
-
-
 def simulate(n_situations: int = 200, seed: int = 0) -> list[dict[str, Any]]:
     """Write prompt records for ``n_situations`` template situations.
 
@@ -268,7 +265,7 @@ def simulate(n_situations: int = 200, seed: int = 0) -> list[dict[str, Any]]:
             case = case_for(prompt)
             if category(case) != situation["wanted"]:
                 continue
-            key = _dedupe_key(prompt)
+            key = folded(prompt)
             if key in seen:
                 continue
             seen.add(key)

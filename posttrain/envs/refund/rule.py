@@ -253,7 +253,7 @@ class RefundEnv:
 
     def prompt_sets(self) -> dict[str, Any]:
         """Prompt sets shipped with the rule, by name (``--holdout-set``): the refund
-        holdout of about 480 grammar-written prompts (``posttrain.envs.refund.holdout``)."""
+        holdout of 477 grammar-written prompts (``posttrain.envs.refund.holdout``)."""
         from posttrain.envs.refund.holdout import NAME, SHIPPED_FILE
 
         return {NAME: SHIPPED_FILE}
