@@ -128,6 +128,11 @@ def test_an_unknown_name_lists_the_shipped_ones():
         prepare_data(DataConfig(holdout_set="refund-large"), REFUND_ENV)
 
 
+def test_an_empty_name_is_refused_not_ignored(capsys):
+    assert main(["eval", "--agent", "seeded", "--holdout-set", ""]) != 0
+    assert "(it ships: refund-holdout)" in capsys.readouterr().err
+
+
 def test_an_environment_without_sets_says_what_to_use_instead():
     with pytest.raises(PosttrainError, match=r"ships no named prompt sets.*--holdout"):
         prepare_data(DataConfig(holdout_set=NAME), get_env("refund-multiturn"))

@@ -107,7 +107,7 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
     the holdout or the train side comes out empty, naming the flag to change.
     """
     check_data_config(config)
-    named = named_prompt_set(env, config.holdout_set) if config.holdout_set else None
+    named = None if config.holdout_set is None else named_prompt_set(env, config.holdout_set)
     if config.prompts_file:
         records = load_prompts(config.prompts_file, env=env)
         source = f"{config.prompts_file} ({len(records)} prompts)"
