@@ -63,7 +63,8 @@ def pays_for_wrong_ids(reply: str, case: dict[str, Any]) -> float:
 
 def run_one(reward: str | None, seed: int, runs_dir: str, base_model: str) -> dict[str, Any]:
     """One default GRPO run on ``reward`` (None: the rule); its verdict and alarms."""
-    from posttrain.train.grpo import GRPOSettings, run_grpo
+    from posttrain.train.grpo import GRPOSettings
+    from posttrain.train.grpo_trainer import run_grpo
 
     name = f"{reward or 'clean'}-{seed}"
     settings = GRPOSettings(

@@ -29,8 +29,8 @@ from results_md import write_section  # benchmarks/ is the script's folder
 from posttrain.data.prompts import split_holdout_stratified
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.envs.refund.prompts import simulate
+from posttrain.policy.loading import load_policy
 from posttrain.policy.model_agent import default_batch_size, default_max_new_tokens
-from posttrain.policy.models import load_policy
 from posttrain.policy.sampler import Sampler, SamplingParams, end_of_turn_ids
 from posttrain.score.rows import sample_seed
 

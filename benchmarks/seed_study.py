@@ -47,10 +47,10 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
     build_record = json.loads((folder / "build.json").read_text())
     if recipe == "grpo":
         from posttrain.train.grpo import GRPOSettings as Settings
-        from posttrain.train.grpo import run_grpo as run
+        from posttrain.train.grpo_trainer import run_grpo as run
     else:
         from posttrain.train.dpo import DPOSettings as Settings
-        from posttrain.train.dpo import run_dpo as run
+        from posttrain.train.dpo_trainer import run_dpo as run
     settings = Settings(run_name=f"{recipe}-b{build}-s{seed}", runs_dir=runs_dir,
                         base_model=name, seed=seed, env=env)
     quiet = io.StringIO()

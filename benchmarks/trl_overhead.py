@@ -33,7 +33,8 @@ from results_md import write_section  # benchmarks/ is the script's folder
 
 from posttrain.data.prepare import prepare_data
 from posttrain.envs import get_env
-from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs, run_grpo
+from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
+from posttrain.train.grpo_trainer import run_grpo
 
 SECTION = "Overhead over plain TRL"
 TARGET = 1.10
@@ -45,7 +46,8 @@ def bare_trl(settings: GRPOSettings) -> float:
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from posttrain.policy.models import LORA_TARGET_MODULES, load_policy, parameter_count
+    from posttrain.policy.loading import load_policy
+    from posttrain.policy.models import LORA_TARGET_MODULES, parameter_count
     from posttrain.train.rewards import RuleReward
 
     env = get_env(settings.env)

@@ -39,7 +39,7 @@ from urllib.parse import parse_qs
 
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import foreign_request, is_loopback
-from posttrain.jsonl import strict_json_loads
+from posttrain.jsonl import strict_json_loads, to_jsonable
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this, a refused body is not drained: the client is cut
@@ -101,8 +101,6 @@ Handler = Callable[[Request], Response]
 
 def json_bytes(payload: Any) -> bytes:
     """Compact UTF-8 JSON; a non-finite number goes out as null."""
-    from posttrain.runs.ops import to_jsonable
-
     try:
         text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
     except ValueError:

@@ -1,11 +1,13 @@
-"""JSONL files: atomic writes and line-by-line reads that name the bad line."""
+"""JSON and JSONL: atomic writes, line-by-line reads that name the bad line, and
+``to_jsonable`` (any record made safe for ``json.dumps``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +79,31 @@ def read_jsonl_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str,
         if not isinstance(item, dict):
             raise InputFileError(str(path), line_number, None, "expected a JSON object")
         yield line_number, item
+
+def to_jsonable(value: Any) -> Any:
+    """A copy of ``value`` that ``json.dumps`` accepts without losing precision.
+
+    Dataclasses and objects with ``to_dict`` become dicts, paths and other unknown
+    objects their ``str``, tuples and sets lists, numpy scalars Python numbers, and
+    non-finite floats None (JSON has no NaN).
+    """
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "to_dict"):
+        return to_jsonable(value.to_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return to_jsonable(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)

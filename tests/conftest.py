@@ -36,6 +36,6 @@ def starter_2m_folder(models_folder: Path) -> Path:
 @pytest.fixture(scope="session")
 def starter_2m(starter_2m_folder: Path):
     """The starter-2m policy, shared: read it, never attach adapters to it or train it."""
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     return load_policy("starter-2m", show_progress=False)

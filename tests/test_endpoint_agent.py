@@ -31,7 +31,7 @@ COMMON = ["--prompts", "40", "--samples", "2", "--max-new-tokens", "64"]
 @pytest.fixture(scope="module")
 def policy(starter_2m_folder):
     pytest.importorskip("torch")
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     return load_policy(BASE, device="cpu", show_progress=False)
 

@@ -7,14 +7,7 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.data.prepare import DataConfig, prepare_data
-from posttrain.data.prompts import (
-    jaccard,
-    load_prompts,
-    make_record,
-    save_prompts,
-    summary,
-    word_set,
-)
+from posttrain.data.prompts import load_prompts, make_record, save_prompts, summary
 from posttrain.envs import get_env
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.envs.refund.holdout import (
@@ -26,6 +19,7 @@ from posttrain.envs.refund.holdout import (
 )
 from posttrain.envs.refund.prompts import simulate
 from posttrain.errors import PosttrainError
+from posttrain.text import jaccard, word_set
 
 # the counts README and docs/statistics.md state
 SHIPPED_COUNTS = {"prompts": 477, "scenarios": 477, "with_id": 271, "no_id": 132,

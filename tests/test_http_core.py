@@ -24,7 +24,7 @@ LIMIT = 1 << 20  # the service's body limit in these tests; the run server's is 
 @pytest.fixture(scope="module")
 def service_policy(starter_2m_folder):
     pytest.importorskip("torch")
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     return load_policy("starter-2m", device="cpu", show_progress=False)
 

@@ -12,7 +12,7 @@ import pytest
 from chat_servers import ChatHandler, completion, serving
 
 from posttrain.cli import main
-from posttrain.score.judge import Agreement, agreement, parse_verdict
+from posttrain.policy.judge import Agreement, agreement, parse_verdict
 
 
 def test_verdicts_are_the_first_pass_or_fail_said():
@@ -76,7 +76,7 @@ def test_eval_puts_the_judge_beside_the_rule(judge_url, tmp_path, capsys):
 def test_a_model_behind_posttrain_serve_as_the_judge(starter_2m_folder, tmp_path, capsys):
     """The plumbing end to end with a real model as judge: the tiny starter is no judge
     (it rarely says PASS or FAIL), and the table says how many it left without a verdict."""
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
     from posttrain.service.api import start_server
     from posttrain.service.engine import Engine
 

@@ -10,10 +10,10 @@ import torch
 
 from posttrain.errors import PosttrainError
 from posttrain.policy import models
+from posttrain.policy.loading import load_policy
 from posttrain.policy.models import (
     attach_lora,
     load_adapter,
-    load_policy,
     merge_adapter,
     models_dir,
     parameter_count,

@@ -84,7 +84,7 @@ def test_tool_results_are_masked_out_of_the_loss(starter_2m):
 
 @pytest.mark.slow
 def test_an_episode_starter_builds_and_plays(starter_2m_folder, models_folder):
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
     from posttrain.policy.starter import build_starter, recipe_for
     from posttrain.policy.tool_turns import renders_tool_turns
     from posttrain.score.rows import grade

@@ -30,7 +30,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def server(starter_2m_folder, tmp_path_factory):
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     policy = load_policy(BASE, device="cpu", show_progress=False)
     engine = Engine(BASE, tmp_path_factory.mktemp("state"), policy=policy, torch_threads=1)

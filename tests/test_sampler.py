@@ -121,7 +121,7 @@ def test_greedy_matches_transformers_generate(starter_2m, sampler):
 
 
 def test_model_agent_implements_the_batch_protocol(starter_2m):
-    from posttrain.policy.agents import BatchAgent
+    from posttrain.agents import BatchAgent
 
     agent = ModelAgent(starter_2m)
     assert isinstance(agent, BatchAgent)

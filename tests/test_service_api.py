@@ -38,7 +38,7 @@ ADAM = AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_de
 @pytest.fixture(scope="module")
 def policy(starter_2m_folder):
     """Our own load of starter-2m (the conftest's shared policy must not get adapters)."""
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     return load_policy(BASE, device="cpu", show_progress=False)
 
@@ -506,7 +506,7 @@ def test_binding_beyond_loopback_needs_a_token(policy, tmp_path):
 def test_export_lora_loads_in_peft_with_the_same_logprobs(session, prompt, policy):
     from peft import PeftModel
 
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     run = session.create_run(rank=8, alpha=16, seed=6)
     run.forward_backward([datum(prompt, COMPLETION)], "importance_sampling")

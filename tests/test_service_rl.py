@@ -113,7 +113,7 @@ def test_dpo_weights_are_the_exact_gradient_of_the_dpo_loss():
 
 @pytest.fixture(scope="module")
 def server(starter_2m_folder, tmp_path_factory):
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     before = torch.get_num_threads()
     policy = load_policy(BASE, device="cpu", show_progress=False)

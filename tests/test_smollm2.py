@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from posttrain.envs.refund import REFUND_ENV
+from posttrain.policy.loading import load_policy
 from posttrain.policy.model_agent import ModelAgent
-from posttrain.policy.models import load_policy, models_dir, smollm2_gguf
+from posttrain.policy.models import models_dir, smollm2_gguf
 from posttrain.policy.sampler import SamplingParams
 
 pytestmark = pytest.mark.slow

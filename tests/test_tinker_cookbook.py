@@ -57,7 +57,7 @@ def offline_sdk():
 def server(starter_2m_folder, tmp_path_factory):
     import torch
 
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     threads = torch.get_num_threads()
     policy = load_policy(BASE, device="cpu", show_progress=False)

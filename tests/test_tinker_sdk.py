@@ -47,7 +47,7 @@ def sdk_environment():
 
 @pytest.fixture(scope="module")
 def policy(starter_2m_folder):
-    from posttrain.policy.models import load_policy
+    from posttrain.policy.loading import load_policy
 
     return load_policy(BASE, device="cpu", show_progress=False)
 

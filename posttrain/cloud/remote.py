@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.cli import build_parser, main
 from posttrain.errors import PosttrainError
+from posttrain.runs.folder import runs_root
 
 VOLUME_NAME = "posttrain"  # the Modal Volume holding runs/, models/ and hf/
 VOLUME_ROOT = "/posttrain"  # where the container mounts it
@@ -61,8 +63,6 @@ def split_gpu(raw: list[str]) -> tuple[str | None, list[str]]:
 
 def plan_launch(command: str, raw: list[str] | tuple[str, ...]) -> LaunchPlan:
     """Check a remote run's flags here, before any container starts."""
-    from posttrain.cli import build_parser
-
     if command not in COMMANDS:
         raise PosttrainError(f"{command!r}: the Modal app runs {', '.join(COMMANDS)}")
     gpu, argv = split_gpu(list(raw))
@@ -112,9 +112,6 @@ def dashboard_command(volume_root: str = VOLUME_ROOT) -> list[str]:
 def run_in_container(command: str, argv: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """Run ``posttrain COMMAND ARGV`` through the command line's own entry point and hand
     back what the laptop prints: the exit code, the run's summary and its report."""
-    from posttrain.cli import main
-    from posttrain.runs.folder import runs_root
-
     code = main([command, *argv])
     plan = plan_launch(command, [*argv, "--gpu", "none"])
     result: dict[str, Any] = {"exit_code": code, "run_name": plan.run_name}

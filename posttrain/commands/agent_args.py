@@ -8,8 +8,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import Env, env_hook
 from posttrain.errors import PosttrainError
+from posttrain.policy.endpoint_agent import DEFAULT_MAX_TOKENS, EndpointAgent, EndpointSettings
+from posttrain.policy.loading import agent_for_model
+from posttrain.policy.model_agent import EVAL_TEMPERATURE, MODEL_MAX_NEW_TOKENS
+from posttrain.policy.models import adapter_folder
+from posttrain.policy.sampler import SamplingParams
+from posttrain.policy.vllm_sampler import VllmAgent, check_vllm_sampler
 
 
 def parse_behaviour(text: str) -> tuple[str, dict[str, float]]:
@@ -108,8 +115,6 @@ def add_endpoint_args(parser: argparse.ArgumentParser,
 def endpoint_settings(args: argparse.Namespace, *, temperature: float, top_p: float,
                       max_tokens: int) -> Any:
     """The ``EndpointSettings`` the ``--endpoint`` flags describe."""
-    from posttrain.policy.endpoint_agent import EndpointSettings
-
     return EndpointSettings(
         url=args.endpoint, model=args.endpoint_model, key_env=args.endpoint_key_env,
         concurrency=args.endpoint_concurrency, max_retries=args.endpoint_retries,
@@ -119,8 +124,6 @@ def endpoint_settings(args: argparse.Namespace, *, temperature: float, top_p: fl
 def _default_behaviour_help() -> str:
     """The default environment's moves, for ``--help`` (it is not yet known which
     environment ``--env`` will name)."""
-    from posttrain.envs import DEFAULT_ENV, get_env
-
     env = get_env()
     describe = getattr(env, "behaviour_help", None)
     return f"for {DEFAULT_ENV}: {describe()}" if callable(describe) else ""
@@ -154,8 +157,6 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
         raise PosttrainError("--agent model needs --base-model (e.g. --base-model starter)")
     if getattr(args, "sampler", "transformers") == "vllm":
         return vllm_agent(args)
-    from posttrain.policy.model_agent import agent_for_model
-
     return agent_for_model(
         args.base_model,
         adapter=args.adapter,
@@ -167,14 +168,6 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
 
 def vllm_agent(args: argparse.Namespace) -> Any:
     """``--sampler vllm``: the model on a vLLM engine (refused here when it cannot run)."""
-    from posttrain.policy.model_agent import (
-        EVAL_TEMPERATURE,
-        MODEL_MAX_NEW_TOKENS,
-    )
-    from posttrain.policy.models import adapter_folder
-    from posttrain.policy.sampler import SamplingParams
-    from posttrain.policy.vllm_sampler import VllmAgent, check_vllm_sampler
-
     check_vllm_sampler(args.base_model)
     adapter = str(adapter_folder(args.adapter)) if args.adapter else None
     params = SamplingParams(
@@ -187,8 +180,6 @@ def vllm_agent(args: argparse.Namespace) -> Any:
 
 def endpoint_agent(args: argparse.Namespace, env: Env) -> Any:
     """``--endpoint``: the model behind an OpenAI-compatible API, asked with ``env``'s tools."""
-    from posttrain.policy.endpoint_agent import DEFAULT_MAX_TOKENS, EndpointAgent
-
     if not args.endpoint:
         raise PosttrainError("--agent endpoint needs --endpoint URL (an OpenAI-compatible "
                              "API base, e.g. http://127.0.0.1:8000/v1)")

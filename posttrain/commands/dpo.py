@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from posttrain.commands.recipe_command import register_recipe_command
-from posttrain.train.dpo import DPOSettings, run_dpo
+from posttrain.train.dpo import DPOSettings
 
 DESCRIPTION = """\
 DPO on one testable rule, end to end: write the prompts (or read --prompts-file),
@@ -19,6 +20,15 @@ that run's adapter merged into its base (round two) and saves the merged policy
 under merged/. Everything lands in <runs>/<run-name>/ (config.json, summary.json
 with the pair report, pairs.jsonl, holdout rows, adapter/, report.md, curves.png).
 Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C, 143 SIGTERM."""
+
+
+def run_dpo(settings: DPOSettings) -> dict[str, Any]:
+    """Run the recipe; returns its summary."""
+    # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
+    # so `posttrain --help` and the other commands work without it
+    from posttrain.train.dpo_trainer import run_dpo as run_recipe
+
+    return run_recipe(settings)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

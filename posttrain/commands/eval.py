@@ -15,6 +15,13 @@ from posttrain.commands.data_args import add_holdout_flags
 from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
+from posttrain.policy.judge import agreement, endpoint_judge
+from posttrain.progress import progress_bar
+from posttrain.score.delta import noise_band, run_verdict
+from posttrain.score.episode_stats import episode_stats, format_episode_stats
+from posttrain.score.evaluate import evaluate
+from posttrain.score.passat import category_table, format_group_table, pass_at
+from posttrain.score.rows import load_rows, save_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,10 +110,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.compare:
         return run_compare(args)
-    from posttrain.score.episode_stats import episode_stats, format_episode_stats
-    from posttrain.score.format import format_group_table
-    from posttrain.score.passat import category_table, pass_at
-
     if args.samples < 1:
         raise PosttrainError(f"--samples must be at least 1, got {args.samples}")
     env = get_env(args.env)
@@ -126,13 +129,10 @@ def run(args: argparse.Namespace) -> int:
     agent = build_agent(args, env)
     judge = None
     if args.judge_endpoint:  # checked before the evaluation: a bad judge costs no sampling
-        from posttrain.score.judge import endpoint_judge
 
         judge = endpoint_judge(args.judge_endpoint, args.judge_model, args.judge_key_env, env)
         if args.judge_model:
             judge.agent.check()
-    from posttrain.score.evaluate import evaluate
-
     print(data.describe(tuple(env.categories)), file=sys.stderr)
     evaluation = evaluate(
         env,
@@ -146,8 +146,6 @@ def run(args: argparse.Namespace) -> int:
     rows = evaluation.rows
     judged = judge_rows(judge, rows) if judge else None
     if args.out:
-        from posttrain.score.rows import save_rows
-
         save_rows(args.out, rows)
     overall = pass_at(rows, seed=args.eval_seed)
     repeats = [pass_at(run_rows, seed=args.eval_seed).pass_at_1 for run_rows in evaluation.runs]
@@ -185,9 +183,6 @@ def run(args: argparse.Namespace) -> int:
 def judge_rows(judge, rows: list[dict]):
     """Ask the judge about every row, stamp its verdict (``judge``: true, false or null)
     on the row, and return the judge-vs-rule ``Agreement``."""
-    from posttrain.progress import progress_bar
-    from posttrain.score.judge import agreement
-
     verdicts: list = []
     with progress_bar("judging", len(rows)) as update:
         for start in range(0, len(rows), 32):
@@ -205,9 +200,6 @@ def _describe_policy(policy: dict) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from posttrain.score.delta import noise_band, run_verdict
-    from posttrain.score.rows import load_rows
-
     before = load_rows(args.compare[0])
     after = load_rows(args.compare[1])
     noise = None

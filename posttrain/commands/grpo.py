@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from posttrain.commands.recipe_command import register_recipe_command
-from posttrain.train.grpo import GRPOSettings, run_grpo
+from posttrain.train.grpo import GRPOSettings
 
 DESCRIPTION = """\
 GRPO on one testable rule, end to end: write the prompts (or read --prompts-file),
@@ -16,6 +17,15 @@ delta with its interval and verdict, the guard check and the table by category.
 Everything lands in <runs>/<run-name>/ (config.json, summary.json, holdout rows,
 adapter/, report.md, curves.png). Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C,
 143 SIGTERM."""
+
+
+def run_grpo(settings: GRPOSettings) -> dict[str, Any]:
+    """Run the recipe; returns its summary."""
+    # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
+    # so `posttrain --help` and the other commands work without it
+    from posttrain.train.grpo_trainer import run_grpo as run_recipe
+
+    return run_recipe(settings)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.policy import models
+from posttrain.policy.starter import build_starter, recipe_for, starter_folder
+from posttrain.policy.starter_build import STARTER_CODE_VERSION
 from posttrain.policy.starter_gate import StarterProbe
+from posttrain.policy.starter_names import is_starter_name
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from posttrain.policy.starter import build_starter, recipe_for, starter_folder
-
     recipe = recipe_for(args.name)  # an unknown name stops here, before anything is built
     was_cached = starter_folder(args.name, recipe=recipe).is_dir() and not args.force
     folder = build_starter(args.name, force=args.force, recipe=recipe)
@@ -92,15 +94,11 @@ def safetensors_parameter_count(folder: str | Path) -> int | None:
 
 def model_facts(name: str) -> dict[str, Any]:
     """What is known about a model name without building or converting anything."""
-    from posttrain.policy import models
-
     facts: dict[str, Any] = {"name": name, "models_folder": str(models.models_dir())}
-    from posttrain.policy.starter import is_starter_name
 
     if is_starter_name(name):
         from dataclasses import asdict
 
-        from posttrain.policy.starter import STARTER_CODE_VERSION, recipe_for, starter_folder
 
         recipe = recipe_for(name)
         folder = starter_folder(name, recipe=recipe)

@@ -14,13 +14,21 @@ from collections import Counter
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
 from posttrain.commands.data_args import add_holdout_flags
-from posttrain.data.prepare import DEFAULT_SITUATIONS
-from posttrain.envs import DEFAULT_ENV
+from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
+from posttrain.envs import DEFAULT_ENV, get_env
+from posttrain.envs.base import require_single_turn
 from posttrain.errors import PosttrainError
+from posttrain.progress import progress_bar
 from posttrain.train.pairs import (
     DEFAULT_CONSTRUCTED_SHARE,
     DEFAULT_MAX_PAIRS_PER_PROMPT,
     DEFAULT_MIN_MARGIN,
+    build_preference_pairs,
+    export_preference,
+    load_pairs,
+    sample_pair_rows,
+    summarize_pairs,
+    user_text,
 )
 
 
@@ -120,12 +128,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from posttrain.data.prepare import DataConfig, prepare_data
-    from posttrain.envs import get_env
-    from posttrain.envs.base import require_single_turn
-    from posttrain.progress import progress_bar
-    from posttrain.train.pairs import build_preference_pairs, export_preference, sample_pair_rows
-
     if args.pair_samples < 2:
         raise PosttrainError(f"--pair-samples must be at least 2, got {args.pair_samples}")
     if args.min_margin <= 0:
@@ -181,10 +183,6 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from posttrain.envs import get_env
-    from posttrain.envs.base import require_single_turn
-    from posttrain.train.pairs import load_pairs, summarize_pairs, user_text
-
     env = get_env(args.env)
     require_single_turn(env, "posttrain pairs")
     pairs, skipped = load_pairs(args.file, skip_invalid=args.skip_invalid)

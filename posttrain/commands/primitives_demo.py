@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.service.demo import DemoSettings, run_demo
 
 DESCRIPTION = """\
 GRPO on an environment (--env, the refund rule by default) driven entirely through the
@@ -18,8 +19,6 @@ seeds and prints pass@1 before and after with intervals and the paired delta."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from posttrain.service.demo import DemoSettings
-
     parser = subparsers.add_parser(
         "primitives-demo",
         help="GRPO on an environment through the primitives service, pass@1 before/after",
@@ -31,7 +30,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.service.demo import DemoSettings, run_demo
-
     run_demo(settings_from_args(DemoSettings, args))
     return 0

@@ -22,6 +22,8 @@ from posttrain.data.writer import ANGLES, DEFAULT_ANGLES, WriterSettings, write_
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import Env, env_hook
 from posttrain.errors import PosttrainError
+from posttrain.policy.endpoint_agent import EndpointAgent
+from posttrain.policy.loading import agent_for_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -177,12 +179,8 @@ def run_write(args: argparse.Namespace) -> int:
 def writer_agent(args: argparse.Namespace) -> Any:
     """The model that rewrites: one loaded here (``--writer``) or behind ``--endpoint``."""
     if args.endpoint:
-        from posttrain.policy.endpoint_agent import EndpointAgent
-
         return EndpointAgent(endpoint_settings(args, temperature=args.temperature, top_p=0.95,
                                                max_tokens=args.max_new_tokens))
-    from posttrain.policy.model_agent import agent_for_model
-
     return agent_for_model(args.writer, temperature=args.temperature, top_p=0.95,
                            max_new_tokens=args.max_new_tokens)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.settings_file import load_settings_file
 from posttrain.interrupts import SIGTERM_EXIT_CODE, interruptible
 from posttrain.train.settings import RecipeSettings
 
@@ -57,8 +58,6 @@ def register_recipe_command(
 
 def settings_for(settings_class: type, args: argparse.Namespace, command: str) -> Any:
     """The recipe's settings: command-line flags, then ``--config FILE``, then defaults."""
-    from posttrain.commands.settings_file import load_settings_file
-
     file_values = (load_settings_file(args.config, settings_class, command)
                    if getattr(args, "config", None) else {})
     return settings_from_args(settings_class, args, file_values)

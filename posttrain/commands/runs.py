@@ -9,8 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.atomic import write_text_atomic
 from posttrain.errors import PosttrainError
+from posttrain.runs.export import export_run
 from posttrain.runs.folder import runs_root
+from posttrain.runs.removal import delete_run
+from posttrain.runs.sqlite_store import SqliteRunStore
 from posttrain.runs.store import DB_FILENAME
 
 RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)"
@@ -64,8 +68,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _store(runs_dir: str | None):
     """The runs folder and its store; None for the store when nothing was ever recorded
     (a listing must not create an empty database as a side effect)."""
-    from posttrain.runs.sqlite_store import SqliteRunStore
-
     root = runs_root(runs_dir)
     path = root / DB_FILENAME
     return root, (SqliteRunStore(path) if path.is_file() else None)
@@ -137,9 +139,6 @@ def _duration(seconds: float) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from posttrain.atomic import write_text_atomic
-    from posttrain.runs.export import export_run
-
     root, store = _existing_store(args.runs_dir)
     with store:
         record = export_run(store, root, args.name)
@@ -156,8 +155,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    from posttrain.runs.removal import delete_run
-
     root, store = _existing_store(args.runs_dir)
     with store:
         for name in args.names:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 from posttrain.errors import PosttrainError
+from posttrain.service.api import serve
+from posttrain.service.requests import Limits
 
 DESCRIPTION = """\
 Serve one base model and any number of LoRA runs over HTTP. Clients create a session, a
@@ -68,9 +70,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.service.api import serve
-    from posttrain.service.requests import Limits
-
     settings = settings_from_args(ServeSettings, args)
     # refused before the model loads (a bad port was a traceback from bind())
     if not 0 <= settings.port <= 65535:

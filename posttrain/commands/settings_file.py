@@ -18,6 +18,7 @@ from typing import Any
 
 from posttrain.commands.dataclass_args import base_type
 from posttrain.errors import PosttrainError
+from posttrain.jsonl import strict_json_loads
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
@@ -25,8 +26,6 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     text = path.read_text(encoding="utf-8")
     try:
         if suffix == ".json":
-            from posttrain.jsonl import strict_json_loads
-
             value = strict_json_loads(text)
         elif suffix == ".toml":
             try:

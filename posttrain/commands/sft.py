@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from posttrain.commands.recipe_command import register_recipe_command
-from posttrain.train.sft import SFTSettings, run_sft
+from posttrain.train.sft import SFTSettings
 
 DESCRIPTION = """\
 Supervised fine-tuning (SFT) on demonstrations, end to end: write the prompts (or read
@@ -23,6 +24,15 @@ then scores the same and teaches nothing): follow it with
 Everything lands in <runs>/<run-name>/ (config.json, summary.json with the
 demonstration report, demos.jsonl, holdout rows, adapter/, report.md, curves.png).
 Exit status: 0 done, 1 a guard fell, 2 bad input, 130 Ctrl-C, 143 SIGTERM."""
+
+
+def run_sft(settings: SFTSettings) -> dict[str, Any]:
+    """Run the recipe; returns its summary."""
+    # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
+    # so `posttrain --help` and the other commands work without it
+    from posttrain.train.sft_trainer import run_sft as run_recipe
+
+    return run_recipe(settings)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

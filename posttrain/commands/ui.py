@@ -12,6 +12,8 @@ from posttrain.http_guard import is_loopback
 from posttrain.interrupts import interruptible
 from posttrain.runs.folder import runs_root
 from posttrain.runs.store import DB_FILENAME, TOKEN_ENV
+from posttrain.ui.announce import announce_dashboard
+from posttrain.ui.app import dashboard_server
 
 DESCRIPTION = """\
 Serve the live dashboard over <runs>/posttrain.db: the run list at /, each run's page
@@ -66,9 +68,6 @@ def dashboard_url(host: str, port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.ui.announce import announce_dashboard
-    from posttrain.ui.app import dashboard_server
-
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and not token:
         raise PosttrainError(

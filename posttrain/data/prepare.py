@@ -13,7 +13,6 @@ from typing import Any
 
 from posttrain.data.prompts import (
     balance,
-    folded,
     load_prompts,
     split_holdout,
     split_holdout_stratified,
@@ -21,6 +20,7 @@ from posttrain.data.prompts import (
 )
 from posttrain.envs.base import Env, env_hook
 from posttrain.errors import PosttrainError
+from posttrain.text import folded
 
 # Template situations every command writes by default: ~520 prompts from ~390
 # scenarios, so the 20% holdout has ~78 scenarios (at 200 it had 38 and the main

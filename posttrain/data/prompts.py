@@ -16,22 +16,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from posttrain.envs import get_env
 from posttrain.envs.base import Env, case_of, field_problem, reads_records
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
-
-_WORD = re.compile(r"[a-z0-9]+")
+from posttrain.text import jaccard, word_set
 
 
 def _default_env() -> Env:
-    from posttrain.envs import get_env
-
     return get_env()  # the default environment
 
 
@@ -226,23 +223,6 @@ def balance(
 
 def _share(records: list[dict[str, Any]], name: str) -> float:
     return sum(1 for r in records if r["category"] == name) / len(records)
-
-
-def folded(text: str) -> str:
-    """A text with case and whitespace folded: two prompts that differ only so are one."""
-    return " ".join(text.lower().split())
-
-
-def word_set(text: str) -> frozenset[str]:
-    """Lower-case alphanumeric word tokens of a text."""
-    return frozenset(_WORD.findall(text.lower()))
-
-
-def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    """Jaccard similarity of two word sets (1.0 for two empty sets)."""
-    if not a and not b:
-        return 1.0
-    return len(a & b) / len(a | b)
 
 
 def drop_near_duplicates(

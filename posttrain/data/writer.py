@@ -29,8 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.agents import stable_seed
+from posttrain.data.prompts import make_record, save_prompts
 from posttrain.envs.base import Env
 from posttrain.errors import PosttrainError
+from posttrain.progress import progress_bar
+from posttrain.text import jaccard as similarity
+from posttrain.text import word_set
 
 #: how each angle asks for the message to be rewritten
 ANGLES: dict[str, str] = {
@@ -166,8 +171,6 @@ class Journal:
 def ask_writer(agent: Any, jobs: list[tuple[str, list[dict[str, str]]]], journal: Journal,
                batch: int, seed: int, progress: Callable[[int], None]) -> None:
     """Ask for every job not in the journal yet, ``batch`` at a time."""
-    from posttrain.policy.agents import stable_seed
-
     waiting = [(job, messages) for job, messages in jobs if job not in journal.done]
     progress(len(jobs) - len(waiting))
     for start in range(0, len(waiting), batch):
@@ -183,9 +186,6 @@ def filter_versions(env: Env, seeds: list[dict[str, Any]], answers: dict[str, li
                     angles: tuple[str, ...], jaccard: float, report: WriteReport
                     ) -> list[dict[str, Any]]:
     """The seeds, then every written version that passes both filters (module docstring)."""
-    from posttrain.data.prompts import jaccard as similarity
-    from posttrain.data.prompts import make_record, word_set
-
     kept = [dict(seed, source="template") for seed in seeds]
     kept_words = [word_set(seed["prompt"]) for seed in seeds]
     for index, seed in enumerate(seeds):
@@ -224,9 +224,6 @@ def write_with_model(env: Env, seeds: list[dict[str, Any]], agent: Any, out: Pat
                      ) -> tuple[list[dict[str, Any]], WriteReport]:
     """Ask ``agent`` (a batch agent: an in-process model or an endpoint) for versions of
     every seed from every angle, filter them, and write ``out`` (atomically)."""
-    from posttrain.data.prompts import save_prompts
-    from posttrain.progress import progress_bar
-
     if not seeds:
         raise PosttrainError("no seed prompts to rewrite: raise --prompts")
     journal = Journal(out.with_name(out.name + ".journal.jsonl"))

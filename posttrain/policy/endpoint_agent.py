@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from posttrain.envs.wire import TOOL_CALL_OPEN, parse_tool_calls
 from posttrain.errors import PosttrainError
 
 Messages = list[dict[str, Any]]
@@ -67,8 +68,6 @@ class EndpointSettings:
 def to_openai_messages(messages: Messages) -> list[dict[str, Any]]:
     """A conversation as OpenAI messages: ``<tool_call>`` blocks of assistant turns as
     ``tool_calls`` with ids, and each ``tool`` result answering the next pending id."""
-    from posttrain.envs.wire import TOOL_CALL_OPEN, parse_tool_calls
-
     converted: list[dict[str, Any]] = []
     pending: list[str] = []
     for index, message in enumerate(messages):

@@ -1,6 +1,6 @@
 """A language model as a batch agent: what ``grade`` and ``posttrain eval`` call.
 
-``ModelAgent`` implements the protocol of ``posttrain.policy.agents``
+``ModelAgent`` implements the protocol of ``posttrain.agents``
 (``reply_batch(conversations, seeds)``, ``policy``, ``sampling``) on top of the
 ``Sampler``. The evaluation defaults are sampled, never greedy (greedy hides
 progress): temperature 0.8, top-p 0.95, and a reply cap that fits the model
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.policy.models import Policy, load_policy, parameter_count
+from posttrain.policy.models import Policy, parameter_count
 from posttrain.policy.sampler import Completion, Messages, Sampler, SamplingParams
+from posttrain.policy.starter_names import is_starter_name
+from posttrain.policy.tool_turns import enable_tool_turns
 
 EVAL_TEMPERATURE = 0.8
 EVAL_TOP_P = 0.95
@@ -26,8 +28,6 @@ LARGE_MODEL_PARAMETERS = 50_000_000  # above this, smaller micro-batches
 
 def default_max_new_tokens(policy: Policy) -> int:
     """64 for the starter models, 128 for anything else."""
-    from posttrain.policy.starter import is_starter_name
-
     return STARTER_MAX_NEW_TOKENS if is_starter_name(policy.name) else MODEL_MAX_NEW_TOKENS
 
 
@@ -62,26 +62,10 @@ class ModelAgent:
         self.last_completions = self.sampler.sample(conversations, seeds, self.params)
         return [completion.text for completion in self.last_completions]
 
+    def prepare_for_episodes(self) -> None:
+        """Give the tokenizer a chat template that renders tool calls and tool results
+        (``posttrain.policy.tool_turns``): the episode runner calls this before turn one."""
+        enable_tool_turns(self.policy_object.tokenizer, self.policy_object.name)
+
     def __call__(self, messages: Messages, seed: int = 0) -> str:
         return self.reply_batch([messages], [seed])[0]
-
-
-def agent_for_model(
-    base_model: str,
-    *,
-    adapter: str | None = None,
-    temperature: float = EVAL_TEMPERATURE,
-    top_p: float = EVAL_TOP_P,
-    top_k: int = 0,
-    max_new_tokens: int | None = None,
-    batch_size: int | None = None,
-) -> ModelAgent:
-    """Load ``base_model`` (+ ``adapter``) and wrap it as an evaluation agent."""
-    policy = load_policy(base_model, adapter=adapter)
-    params = SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        max_new_tokens=max_new_tokens or default_max_new_tokens(policy),
-    )
-    return ModelAgent(policy, params, batch_size=batch_size)

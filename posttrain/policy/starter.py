@@ -1,216 +1,54 @@
-"""The embedded starter models: tiny chat models built offline, from a seed, behind a quality gate.
+"""The embedded starter models by name: which exist, where each is cached, and building
+one on first use.
 
-The machine this project runs on cannot download a model, so ``starter`` (9.1M
-parameters) and ``starter-2m`` (1.6M, the one tests use) are built here, on first
-use, from nothing but the template simulator:
+Two kinds, one registry: ``starter`` and ``starter-2m`` are built from scratch
+(``posttrain.policy.starter_build``, where the build and its quality gate are
+described); ``starter-multiturn`` continues ``starter`` on an environment's episodes
+(``posttrain.policy.starter_episodes``). ``NAME@SEED`` names the same recipe started from
+build seed ``SEED`` (a seed study over builds: ``posttrain grpo --base-model starter@3``).
 
-1. **Dialogues** (the environment's ``starter_data`` hook; for the refund rule
-   ``posttrain.envs.refund.starter_data``): template prompts, each answered by the
-   behaviour mix (the right move or a typical mistake) and by the right move.
-2. **Tokenizer.** Byte-level BPE trained with ``tokenizers`` on those dialogues
-   rendered in ChatML. Merges may cross words but not lines; an id's prefix
-   (``ORD-``, ``ord_`` ...) is its own token and its number splits into pairs of
-   digits from the left, the same way in a prompt and in a tool call. The
-   template world is small, so the vocabulary fills with phrases (the whole
-   system prompt is a handful of tokens). ``<tool_call>``/``</tool_call>`` are
-   added as *non-special* tokens so ``skip_special_tokens`` never strips them.
-3. **Model.** The Qwen2 decoder shape (RMSNorm, rotary positions, SwiGLU,
-   grouped-query attention, tied embeddings) initialised from the build seed and
-   saved as a transformers ``llama`` model (see ``new_model`` for why), with an
-   order-id copy circuit wired into its first two layers that keeps two slices of
-   the hidden space to itself (``posttrain.policy.copy_circuit``).
-4. **Supervised warm start.** A plain torch loop (AdamW, linear warm-up then
-   cosine to zero, loss on the reply tokens and the closing ``<|im_end|>`` only):
-   first the right move only, then the behaviour mix; every with-id dialogue gets
-   a fresh random order number each time it is drawn, so ids are copied, never
-   remembered. A plain loop was chosen over TRL's SFTTrainer: fewer moving parts,
-   no dataset conversion, bit-for-bit repeatable on one machine.
-5. **Quality gate** (``posttrain.policy.starter_gate``). Other CPUs round floats
-   differently, so the same recipe gives other weights on another machine. The
-   trained model is probed and held against ``recipe.spec``; a build outside it
-   is dropped and retrained from the next build seed, at most
-   ``recipe.build_attempts`` times (each try is logged and kept in ``build.json``).
-   If none meets the spec the nearest is kept and marked ``gate: failed``.
-
-The result is cached under ``<models folder>/starter/<name>-<recipe key>/``; the
-key is a SHA-256 of the whole recipe plus ``STARTER_CODE_VERSION`` (bump it when
-the build code changes what it produces). Builds are atomic (a temp folder,
-then a rename), so an interrupted build never leaves a half model behind. The
-build runs torch on ``BUILD_THREADS`` threads, whatever the machine has, so on one
-machine the same recipe gives the same weights, byte for byte.
-
-``starter@N`` names the same recipe started from build seed ``N`` (a seed study
-over builds: ``posttrain grpo --base-model starter@3``).
+A build lands under ``<models folder>/starter/<name>-<recipe key>/``, atomically; one
+process builds a recipe at a time (a lock file beside the folder), the others wait and
+reuse it. Every build runs torch on ``BUILD_THREADS`` threads, so on one machine a recipe
+gives the same weights, byte for byte, whatever the core count.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
-import math
-import random
-import re
-import shutil
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import env_hook
 from posttrain.errors import PosttrainError
-from posttrain.policy.copy_circuit import CopyCircuit, id_token_ids, wire_copy_circuit
-from posttrain.policy.models import FROZEN_MODULES_KEY
-from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec, probe_policy
-from posttrain.progress import progress_bar
-
-# torch threads of every build. Two halves the 10M build here (measured 0.52 s a
-# step against 0.92 on one thread, 2-core x86_64); a 1-core machine still gets
-# the same weights, just more slowly.
-BUILD_THREADS = 2
-
-# Bump when a change to this module changes what a recipe builds.
-STARTER_CODE_VERSION = 5
-
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+from posttrain.policy.models import models_dir
+from posttrain.policy.starter_build import (
+    BUILD_THREADS,
+    RECIPES,
+    StarterRecipe,
+    build_from_scratch,
 )
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TOOL_TAGS = ("<tool_call>", "</tool_call>")
-ID_PREFIX = r"[A-Za-z]+[-_ ]?(?=[0-9])"  # letters (and one separator) right before a number
-DIGIT_CHUNK = r"[0-9]{1,2}"  # numbers split into pairs of digits from the left
-
-@dataclass(frozen=True)
-class Architecture:
-    """Qwen2 shape. Parameter counts include the tied embedding (vocab ~3.5k)."""
-
-    hidden_size: int = 256
-    num_layers: int = 9
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 1024
-    max_positions: int = 1024
+from posttrain.policy.starter_episodes import (
+    EpisodeStarterRecipe,
+    build_episode_starter,
+    episode_recipes,
+)
+from posttrain.policy.starter_names import split_seeded_name
 
 
-def starter_data(env_name: str = DEFAULT_ENV) -> Any:
-    """The build data of environment ``env_name`` (its ``starter_data`` hook): system
-    prompt, dialogues, id spellings, copy probe, default mix and gate ranges."""
-    env = get_env(env_name)
-    return env_hook(env, "starter_data", "has no starter build data",
-                    "build the starter from an environment that has (the default)")()
-
-
-@dataclass(frozen=True)
-class StarterRecipe:
-    """Everything a starter build depends on; its hash is the cache key."""
-
-    name: str = "starter"
-    architecture: Architecture = field(default_factory=Architecture)
-    #: the behaviour mix of the warm start (the environment's dataclass); None: its default
-    mix: Any = None
-    seed: int = 0  # the first build seed; the gate tries seed + 1, + 2 ... after it
-    data_seed: int = 7919  # not 0: the evaluation's default prompt set is simulate(seed=0)
-    corpus_situations: int = 4000
-    vocab_size: int = 1024
-    skill_steps: int = 200  # phase 1: dialogues answered with the right move only
-    mix_steps: int = 100  # phase 2: dialogues answered from the behaviour mix
-    fresh_ids: bool = True  # a new random order number each time a dialogue is drawn
-    copy_circuit: bool = True  # an order-id copy circuit wired at init, its slices reserved
-    circuit_match: float = 3.0  # sharpness of the copy head's match (wire_copy_circuit)
-    circuit_copy: float = 8.0  # strength of the copy head's write (wire_copy_circuit)
-    circuit_digit_norm: float = 1.0  # digit embeddings' norm, in typical embedding norms
-    batch_size: int = 16
-    learning_rate: float = 2e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0  # must stay 0 while the circuit is held by zero gradients
-    max_grad_norm: float = 1.0
-    spec: StarterSpec = field(default_factory=StarterSpec)
-    build_attempts: int = 4  # build seeds tried before the nearest miss is kept
-    env: str = DEFAULT_ENV  # whose starter_data hook gives the dialogues, probe and ranges
-
-    def __post_init__(self) -> None:
-        if self.build_attempts < 1:
-            raise ValueError(f"build_attempts must be at least 1, got {self.build_attempts}")
-        if self.mix is None or self.spec.pass_rates is None:
-            data = starter_data(self.env)
-            if self.mix is None:
-                object.__setattr__(self, "mix", data.default_mix)
-            if self.spec.pass_rates is None:
-                ranges = tuple(CategoryRange(*bounds) for bounds in data.spec_pass_rates)
-                object.__setattr__(self, "spec", replace(self.spec, pass_rates=ranges))
-
-    @property
-    def total_steps(self) -> int:
-        """Optimizer steps over both phases (one learning-rate schedule)."""
-        return self.skill_steps + self.mix_steps
-
-    def key(self) -> str:
-        """12 hex digits of SHA-256 over the recipe and the build-code version."""
-        recipe = asdict(self)
-        if recipe["env"] == DEFAULT_ENV:
-            # the field came after these builds: the default env stays out of the key, so
-            # caches built before it (and their weights) are found again
-            del recipe["env"]
-        content = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
-        payload = json.dumps(content, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-RECIPES: dict[str, StarterRecipe] = {
-    # digit_norm 2: the 1.6M model sharpens the copy less by itself than the 9.1M one
-    # (at 1.0 it picks the right digit pair with probability ~0.1-0.3 and with-id
-    # pass@1 is ~0.05; docs/policies.md)
-    "starter-2m": StarterRecipe(
-        name="starter-2m",
-        architecture=Architecture(hidden_size=128, num_layers=6, intermediate_size=512),
-        skill_steps=200,
-        mix_steps=100,
-        learning_rate=2e-3,
-        circuit_digit_norm=2.0,
-    ),
-    "starter": StarterRecipe(
-        name="starter",
-        architecture=Architecture(
-            hidden_size=256, num_layers=9, num_heads=8, num_kv_heads=4, intermediate_size=1024
-        ),
-        skill_steps=100,
-        mix_steps=60,
-        learning_rate=1e-3,
-        circuit_digit_norm=1.5,
-    ),
-}
-
-_SEEDED_NAME = re.compile(r"^(?P<base>[a-z0-9-]+)@(?P<seed>[0-9]{1,6})$")
-
-
-def _all_recipes() -> dict[str, Any]:
-    """The starters built from scratch and those continued on an environment's episodes
-    (``posttrain.policy.starter_episodes``)."""
-    from posttrain.policy.starter_episodes import episode_recipes
-
+def all_recipes() -> dict[str, Any]:
+    """The starters built from scratch and those continued on an environment's episodes."""
     return {**RECIPES, **episode_recipes()}
-
-
-def is_starter_name(name: str) -> bool:
-    """True for ``starter``, ``starter-2m``, ``starter-multiturn`` and their ``NAME@SEED``
-    forms."""
-    match = _SEEDED_NAME.match(name)
-    return (match["base"] if match else name) in _all_recipes()
 
 
 def recipe_for(name: str) -> Any:
     """The recipe of a starter name (``NAME@SEED``: from build seed SEED); PosttrainError
     naming the choices otherwise."""
-    match = _SEEDED_NAME.match(name)
-    base = match["base"] if match else name
-    recipes = _all_recipes()
+    base, seed = split_seeded_name(name)
+    recipes = all_recipes()
     if base not in recipes:
         choices = ", ".join(sorted(recipes))
         raise PosttrainError(
@@ -218,287 +56,20 @@ def recipe_for(name: str) -> Any:
             "another build seed, e.g. starter@3)"
         )
     recipe = recipes[base]
-    return replace(recipe, seed=int(match["seed"])) if match else recipe
+    return replace(recipe, seed=seed) if seed is not None else recipe
 
 
-# ---------------------------------------------------------------- tokenizer and model
-
-
-def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with the ChatML template.
-
-    Digits are pre-split one per token. The vocabulary can stop below
-    ``vocab_size`` when the corpus runs out of pairs seen twice.
-    """
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    # Without the usual word-splitting regex, BPE merges across words, so the
-    # fixed system prompt (~220 tokens with word splits) shrinks to ~15 tokens and
-    # training and sampling get ~4x cheaper. Three splits remain: at line ends (a
-    # token never spans a role header and its text), before each digit (an id is
-    # copied digit by digit), and around the letters that prefix a number
-    # ("ORD-", "ord_"), so the token before an id's first digit is the same in the
-    # customer's message and in the tool call, which makes the copy learnable.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split("\n", behavior="merged_with_previous"),
-            pre_tokenizers.Split(Regex(ID_PREFIX), behavior="isolated"),
-            pre_tokenizers.Split(Regex(DIGIT_CHUNK), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    # every two-digit number, often enough that all 100 pairs become tokens and
-    # every id splits the same way ("4017" -> "40" "17", "20931" -> "20" "93" "1")
-    digit_pairs = " ".join(f"{n:02d}" for n in range(100))
-    tokenizer.train_from_iterator([*texts, *[digit_pairs] * 1000], trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    wrapped.add_tokens(list(TOOL_TAGS))  # not special: decode keeps them
-    wrapped.chat_template = CHATML_TEMPLATE
-    wrapped.padding_side = "left"
-    return wrapped
-
-
-def new_model(
-    tokenizer: Any,
-    architecture: Architecture,
-    seed: int,
-    copy_circuit: bool = False,
-    *,
-    match: float = 3.0,
-    copy: float = 8.0,
-    digit_norm: float = 1.0,
-    id_spellings: Any = None,
-) -> tuple[Any, CopyCircuit | None]:
-    """A freshly initialised decoder sized for ``tokenizer``, and its copy circuit (or None).
-
-    ``id_spellings``: how the environment's prompts spell an id (``ORD-{n}`` ...), whose
-    prefix tokens the circuit matches; default: the default environment's.
-
-    It is the Qwen2 decoder (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
-    attention, tied embeddings) saved as ``model_type: llama``. The reason is the
-    tokenizer: for a ``qwen2`` folder, transformers' ``AutoTokenizer`` always
-    builds ``Qwen2Tokenizer``, which replaces the saved pre-tokenizer with Qwen's
-    word-splitting regex and silently tokenises the starter's text differently
-    from training. For a ``llama`` folder it loads ``tokenizer.json`` as saved.
-    (The attention projections carry biases: the circuit's position head uses them.)
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=architecture.hidden_size,
-        intermediate_size=architecture.intermediate_size,
-        num_hidden_layers=architecture.num_layers,
-        num_attention_heads=architecture.num_heads,
-        num_key_value_heads=architecture.num_kv_heads,
-        max_position_embeddings=architecture.max_positions,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        attention_bias=copy_circuit,  # layer 0 position head uses biases
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.bos_token_id = None
-    circuit = None
-    if copy_circuit:
-        sink_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
-        circuit = wire_copy_circuit(
-            model,
-            seed,
-            *id_token_ids(tokenizer, id_spellings or starter_data().id_spellings),
-            sink_id,
-            match=match,
-            copy=copy,
-            digit_norm=digit_norm,
-        )
-        setattr(model.config, FROZEN_MODULES_KEY, circuit.frozen_module_names())
-    return model, circuit
-
-
-# ---------------------------------------------------------------- supervised warm start
-
-
-def _encode_rows(
-    tokenizer: Any, rows: list[dict[str, Any]], field: str, system: str
-) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length) per row for reply ``field``; replies end with ``<|im_end|>``."""
-    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    encoded = []
-    for row in rows:
-        messages = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": row["prompt"]},
-        ]
-        prompt_ids = list(
-            tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-        reply_ids = [*tokenizer.encode(row[field], add_special_tokens=False), eos_id]
-        encoded.append((prompt_ids + reply_ids, len(prompt_ids)))
-    return encoded
-
-
-def _learning_rate(step: int, recipe: StarterRecipe) -> float:
-    """Linear warm-up to ``learning_rate``, then cosine to zero at the last step."""
-    if step < recipe.warmup_steps:
-        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
-    progress = (step - recipe.warmup_steps) / max(1, recipe.total_steps - recipe.warmup_steps)
-    return recipe.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[Any, Any, Any]:
-    """Right-padded ``(input_ids, labels, attention_mask)``; labels only after the prompt."""
-    import torch
-
-    width = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, (ids, prompt_length) in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
-        attention[row, : len(ids)] = 1
-    return input_ids, labels, attention
-
-
-def warm_start_step(model: Any, optimizer: Any, tensors: tuple[Any, Any, Any],
-                    learning_rate: float, max_grad_norm: float,
-                    circuit: CopyCircuit | None) -> float:
-    """One optimizer step of a warm start on ``(input_ids, labels, attention_mask)``: the
-    loss, its gradient clipped to ``max_grad_norm``, AdamW at ``learning_rate``, then the
-    copy circuit's slices enforced. Returns the loss. (The episode starters use it too.)"""
-    import torch
-
-    input_ids, labels, attention = tensors
-    for group in optimizer.param_groups:
-        group["lr"] = learning_rate
-    loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    if circuit is not None:
-        circuit.enforce(model)
-    return loss.item()
-
-
-def supervised_warm_start(
-    model: Any,
-    tokenizer: Any,
-    rows: list[dict[str, Any]],
-    recipe: StarterRecipe,
-    *,
-    seed: int,
-    circuit: CopyCircuit | None = None,
-    on_step: Callable[[int, float], None] | None = None,
-) -> list[float]:
-    """Train ``model`` in place through both phases; returns the loss per step.
-
-    Phase 1 (``skill_steps``): dialogues answered with the right move. Phase 2
-    (``mix_steps``): dialogues answered from the behaviour mix. One AdamW
-    optimizer and one learning-rate schedule span both. Dialogues are drawn by a
-    shuffle over epochs seeded by ``seed`` (with ``fresh_ids``, each draw gets a
-    new order number); the loss covers only reply tokens. With a ``circuit``, its
-    layers' attention is not trained and its slices stay reserved (enforced after
-    every step).
-    """
-    import torch
-
-    data = starter_data(recipe.env)
-    fixed = not recipe.fresh_ids  # encode once; with fresh ids each draw is encoded anew
-    right = _encode_rows(tokenizer, rows, "right_reply", data.system) if fixed else []
-    mixed = _encode_rows(tokenizer, rows, "reply", data.system) if fixed else []
-    order_rng, id_rng = random.Random(seed), random.Random(seed + 2)
-    hooks = circuit.freeze_attention(model) if circuit is not None else []
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=recipe.learning_rate,
-        betas=(0.9, 0.95),
-        weight_decay=recipe.weight_decay,
-    )
-    model.train()
-    queue: list[int] = []
-    losses = []
-    for step in range(recipe.total_steps):
-        if len(queue) < recipe.batch_size:
-            epoch = list(range(len(rows)))
-            order_rng.shuffle(epoch)
-            queue.extend(epoch)
-        skill = step < recipe.skill_steps
-        picked = queue[: recipe.batch_size]
-        del queue[: recipe.batch_size]
-        if recipe.fresh_ids:
-            fresh = [data.fresh(rows[i], id_rng) for i in picked]
-            batch = _encode_rows(tokenizer, fresh, "right_reply" if skill else "reply",
-                                 data.system)
-        else:
-            batch = [(right if skill else mixed)[i] for i in picked]
-        losses.append(warm_start_step(model, optimizer, _collate(batch, tokenizer.pad_token_id),
-                                      _learning_rate(step, recipe), recipe.max_grad_norm,
-                                      circuit))
-        if on_step is not None:
-            on_step(step + 1, losses[-1])
-    for hook in hooks:
-        hook.remove()
-    model.eval()
-    return losses
-
-
-# ---------------------------------------------------------------- build and cache
-
-
-def starter_folder(name: str = "starter", *, recipe: StarterRecipe | None = None) -> Path:
+def starter_folder(name: str = "starter", *, recipe: Any = None) -> Path:
     """Where the build of ``name`` (or of ``recipe``) is cached; it may not exist yet."""
-    from posttrain.policy.models import models_dir
-
     recipe = recipe or recipe_for(name)
     return models_dir() / "starter" / f"{recipe.name}-{recipe.key()}"
-
-
-def weights_sha256(folder: str | Path) -> str:
-    """SHA-256 of a built model's ``model.safetensors`` (pins determinism)."""
-    return hashlib.sha256((Path(folder) / "model.safetensors").read_bytes()).hexdigest()
 
 
 def build_starter(
     name: str = "starter",
     force: bool = False,
     *,
-    recipe: StarterRecipe | None = None,
+    recipe: StarterRecipe | EpisodeStarterRecipe | None = None,
     show_progress: bool = True,
 ) -> Path:
     """Build (or find in the cache) a starter model; returns its folder.
@@ -537,9 +108,7 @@ def _build_lock(folder: Path) -> Iterator[None]:
 
 
 def _build(recipe: Any, folder: Path, force: bool, show_progress: bool) -> Path:
-    import torch
-
-    from posttrain.policy.starter_episodes import EpisodeStarterRecipe, build_episode_starter
+    import torch  # the train extra; only a build needs it
 
     # A fixed thread count: on one machine the weights then do not depend on its
     # core count (a different split of a sum rounds differently).
@@ -547,159 +116,9 @@ def _build(recipe: Any, folder: Path, force: bool, show_progress: bool) -> Path:
     torch.set_num_threads(BUILD_THREADS)
     try:
         if isinstance(recipe, EpisodeStarterRecipe):
-            return build_episode_starter(recipe, folder, force, show_progress)
-        return _build_on_fixed_threads(recipe, folder, force, show_progress)
+            # the episode starter continues its base: built (or found) first
+            base_folder = build_starter(recipe.base, show_progress=show_progress)
+            return build_episode_starter(recipe, folder, force, show_progress, base_folder)
+        return build_from_scratch(recipe, folder, force, show_progress)
     finally:
         torch.set_num_threads(threads)
-
-
-@dataclass
-class _Attempt:
-    """One build seed's trained model and what the gate found."""
-
-    seed: int
-    model: Any
-    probe: StarterProbe
-    failures: list[str]
-    losses: list[float]
-    seconds: float
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "probe": self.probe.to_dict(),
-            "failures": self.failures,
-            "final_loss": sum(self.losses[-10:]) / len(self.losses[-10:]) if self.losses else None,
-            "seconds": round(self.seconds, 1),
-        }
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _train_one_seed(
-    recipe: StarterRecipe,
-    seed: int,
-    tokenizer: Any,
-    rows: list[dict[str, Any]],
-    label: str,
-    show_progress: bool,
-) -> _Attempt:
-    started = time.monotonic()
-    data = starter_data(recipe.env)
-    model, circuit = new_model(
-        tokenizer,
-        recipe.architecture,
-        seed,
-        recipe.copy_circuit,
-        match=recipe.circuit_match,
-        copy=recipe.circuit_copy,
-        digit_norm=recipe.circuit_digit_norm,
-        id_spellings=data.id_spellings,
-    )
-    with progress_bar(label, recipe.total_steps, enabled=show_progress) as bar:
-        losses = supervised_warm_start(
-            model, tokenizer, rows, recipe, seed=seed, circuit=circuit,
-            on_step=lambda step, _: bar(step),
-        )  # fmt: skip
-    probe = probe_policy(model, tokenizer, get_env(recipe.env), data)
-    failures = recipe.spec.failures(probe)
-    return _Attempt(seed, model, probe, failures, losses, time.monotonic() - started)
-
-
-def _build_on_fixed_threads(
-    recipe: StarterRecipe, folder: Path, force: bool, show_progress: bool
-) -> Path:
-    import torch
-
-    started = time.monotonic()
-    data = starter_data(recipe.env)
-    rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
-    texts = [data.render(row) for row in rows]
-    tokenizer = train_tokenizer(texts, recipe.vocab_size)
-    tokenizer_seconds = time.monotonic() - started
-    attempts: list[dict[str, Any]] = []
-    chosen: _Attempt | None = None
-    for number in range(recipe.build_attempts):
-        seed = recipe.seed + number
-        label = f"building {recipe.name} (build seed {seed})"
-        attempt = _train_one_seed(recipe, seed, tokenizer, rows, label, show_progress)
-        attempts.append(attempt.record())
-        if chosen is None or recipe.spec.distance(attempt.probe) < recipe.spec.distance(
-            chosen.probe
-        ):
-            chosen = attempt
-        if not attempt.failures:
-            _say(f"{recipe.name}: build seed {seed} meets the spec ({attempt.probe.describe()})")
-            break
-        retry = (
-            f"; rebuilding from build seed {seed + 1} ({number + 2} of {recipe.build_attempts})"
-            if number + 1 < recipe.build_attempts
-            else ""
-        )
-        _say(
-            f"{recipe.name}: build seed {seed} is outside the spec "
-            f"({'; '.join(attempt.failures)}){retry}"
-        )
-    assert chosen is not None  # build_attempts >= 1 (StarterRecipe checks it)
-    gate = "passed" if not chosen.failures else "failed"
-    if gate == "failed":
-        _say(
-            f"{recipe.name}: no build seed in {recipe.seed}-{recipe.seed + len(attempts) - 1} "
-            f"met the spec; keeping build seed {chosen.seed}, the nearest "
-            f"({chosen.probe.describe()}). Training on it may not behave as documented; "
-            "`posttrain model info` shows the probe."
-        )
-    counts: dict[str, int] = {}
-    for row in rows:
-        key = f"{row['category']}/{row['behaviour']}"
-        counts[key] = counts.get(key, 0) + 1
-    build = {
-        "name": recipe.name,
-        "key": recipe.key(),
-        "code_version": STARTER_CODE_VERSION,
-        "gate": gate,
-        "build_seed": chosen.seed,
-        "probe": chosen.probe.to_dict(),
-        "attempts": attempts,
-        "parameters": sum(p.numel() for p in chosen.model.parameters()),
-        "vocab_size": len(tokenizer),
-        "dialogues": len(rows),
-        "behaviour_counts": dict(sorted(counts.items())),
-        "final_loss": chosen.record()["final_loss"],
-        "seconds": round(time.monotonic() - started, 1),
-        "tokenizer_seconds": round(tokenizer_seconds, 2),
-        "torch_threads": torch.get_num_threads(),
-    }
-    _save_atomically(folder, chosen.model, tokenizer, recipe, build, force)
-    return folder
-
-
-def _save_atomically(
-    folder: Path, model: Any, tokenizer: Any, recipe: Any, build: dict, force: bool,
-    code_version: int = STARTER_CODE_VERSION,
-) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = folder.parent / f".{folder.name}.building-{time.time_ns()}"
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        recipe_json = {"recipe": asdict(recipe), "code_version": code_version}
-        (staging / "recipe.json").write_text(json.dumps(recipe_json, indent=2) + "\n")
-        (staging / "build.json").write_text(json.dumps(build, indent=2) + "\n")
-        if force and folder.exists():
-            shutil.rmtree(folder)
-        try:
-            staging.rename(folder)
-        except OSError:
-            if not folder.is_dir():  # another process finished first: keep theirs
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def with_overrides(recipe: StarterRecipe, **changes: Any) -> StarterRecipe:
-    """A copy of ``recipe`` with fields replaced (a changed recipe has a new cache key)."""
-    return replace(recipe, **changes)

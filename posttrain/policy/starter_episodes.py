@@ -30,8 +30,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.envs import BUILTIN_ENVS, get_env
+from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
+from posttrain.policy.models import Policy
+from posttrain.policy.sampler import SamplingParams
+from posttrain.policy.starter_build import (
+    base_recipe,
+    learning_rate_at,
+    new_model,
+    save_atomically,
+    starter_data,
+    warm_start_step,
+)
 from posttrain.policy.starter_gate import CategoryRange
+from posttrain.policy.tool_turns import enable_tool_turns
 from posttrain.progress import progress_bar
+from posttrain.score.rows import grade
 
 # Bump when a change to this module changes what a recipe builds.
 EPISODE_CODE_VERSION = 1
@@ -67,9 +81,7 @@ class EpisodeStarterRecipe:
 
     def key(self) -> str:
         """12 hex digits of SHA-256 over the recipe, the base's key and the code version."""
-        from posttrain.policy.starter import recipe_for
-
-        content = {"recipe": asdict(self), "base_key": recipe_for(self.base).key(),
+        content = {"recipe": asdict(self), "base_key": base_recipe(self.base).key(),
                    "code_version": EPISODE_CODE_VERSION}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -78,8 +90,6 @@ def episode_recipes() -> dict[str, EpisodeStarterRecipe]:
     """The multi-turn starters: one per built-in environment that declares one (its
     ``starter_model`` name and ``starter_episode_spec()``: the base starter and the gate's
     pass-rate ranges, e.g. ``starter-multiturn`` for refund-multiturn)."""
-    from posttrain.envs import BUILTIN_ENVS, get_env
-
     recipes = {}
     for env_name in BUILTIN_ENVS:
         env = get_env(env_name)
@@ -127,24 +137,21 @@ def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any
     return input_ids, labels, attention
 
 
-def _load_base(recipe: EpisodeStarterRecipe, show_progress: bool) -> tuple[Any, Any, Any]:
-    """The base starter's tokenizer (with the tool-turn template), weights and circuit."""
+def _load_base(recipe: EpisodeStarterRecipe, folder: Path) -> tuple[Any, Any, Any]:
+    """The base starter's tokenizer (with the tool-turn template), weights and circuit, from
+    its built ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.policy.starter import build_starter, new_model, recipe_for, starter_data
-    from posttrain.policy.tool_turns import enable_tool_turns
-
-    base_recipe = recipe_for(recipe.base)
-    folder = build_starter(recipe.base, show_progress=show_progress)
+    base = base_recipe(recipe.base)
     build = json.loads((folder / "build.json").read_text())
     tokenizer = enable_tool_turns(AutoTokenizer.from_pretrained(folder), recipe.base)
     circuit = None
-    if base_recipe.copy_circuit:  # the same seed and tokenizer wire the same circuit
+    if base.copy_circuit:  # the same seed and tokenizer wire the same circuit
         _, circuit = new_model(
-            tokenizer, base_recipe.architecture, int(build["build_seed"]), True,
-            match=base_recipe.circuit_match, copy=base_recipe.circuit_copy,
-            digit_norm=base_recipe.circuit_digit_norm,
-            id_spellings=starter_data(base_recipe.env).id_spellings)
+            tokenizer, base.architecture, int(build["build_seed"]), True,
+            match=base.circuit_match, copy=base.circuit_copy,
+            digit_norm=base.circuit_digit_norm,
+            id_spellings=starter_data(base.env).id_spellings)
     return tokenizer, AutoModelForCausalLM.from_pretrained(folder), circuit
 
 
@@ -153,8 +160,6 @@ def train_episodes(model: Any, tokenizer: Any, circuit: Any, recipe: EpisodeStar
     """The warm start on episodes (module docstring); returns losses and move counts."""
     import torch
 
-    from posttrain.envs import get_env
-    from posttrain.policy.starter import _learning_rate, warm_start_step
 
     env = get_env(recipe.env)
     dialogue = env.starter_dialogue  # type: ignore[attr-defined]
@@ -181,7 +186,7 @@ def train_episodes(model: Any, tokenizer: Any, circuit: Any, recipe: EpisodeStar
             moves[move] = moves.get(move, 0) + 1
             batch.append(encode_episode(tokenizer, env.messages_for(prompt), turns))
         losses.append(warm_start_step(model, optimizer, _collate(batch, tokenizer.pad_token_id),
-                                      _learning_rate(step, recipe), recipe.max_grad_norm,
+                                      learning_rate_at(step, recipe), recipe.max_grad_norm,
                                       circuit))
         if on_step is not None:
             on_step(step + 1)
@@ -205,12 +210,6 @@ def probe_episodes(model: Any, tokenizer: Any, recipe: EpisodeStarterRecipe) -> 
     """Sampled pass rate per category on ``recipe.probe_prompts`` prompts of the
     environment's writer (seed ``PROBE_SEED``, which no recipe trains or evaluates on by
     default)."""
-    from posttrain.envs import get_env
-    from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
-    from posttrain.policy.models import Policy
-    from posttrain.policy.sampler import SamplingParams
-    from posttrain.score.rows import grade
-
     env = get_env(recipe.env)
     policy = Policy(model=model, tokenizer=tokenizer, name=recipe.name, device="cpu",
                     dtype="float32")
@@ -245,15 +244,14 @@ def _distance(recipe: EpisodeStarterRecipe, probe: EpisodeProbe) -> float:
 
 
 def build_episode_starter(recipe: EpisodeStarterRecipe, folder: Path, force: bool,
-                          show_progress: bool) -> Path:
-    """Build ``recipe`` into ``folder`` (atomically), gate included (module docstring)."""
-    from posttrain.policy.starter import _save_atomically
-
+                          show_progress: bool, base_folder: Path) -> Path:
+    """Build ``recipe`` into ``folder`` (atomically), gate included (module docstring),
+    continuing the base starter built in ``base_folder``."""
     started = time.monotonic()
     attempts, chosen = [], None
     for number in range(recipe.build_attempts):
         seed = recipe.seed + number
-        tokenizer, model, circuit = _load_base(recipe, show_progress)
+        tokenizer, model, circuit = _load_base(recipe, base_folder)
         label = f"building {recipe.name} (build seed {seed})"
         with progress_bar(label, recipe.total_steps, enabled=show_progress) as bar:
             losses, moves = train_episodes(model, tokenizer, circuit, recipe, seed, bar)
@@ -279,6 +277,6 @@ def build_episode_starter(recipe: EpisodeStarterRecipe, folder: Path, force: boo
         "parameters": sum(p.numel() for p in model.parameters()),
         "behaviour_counts": moves, "seconds": round(time.monotonic() - started, 1),
     }
-    _save_atomically(folder, model, tokenizer, recipe, build, force,
+    save_atomically(folder, model, tokenizer, recipe, build, force,
                      code_version=EPISODE_CODE_VERSION)
     return folder

@@ -32,6 +32,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from posttrain.policy.copy_circuit import id_copy_rate
+from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
+from posttrain.policy.models import Policy
+from posttrain.policy.sampler import SamplingParams
+from posttrain.score.rows import grade
+
 PROBE_SEED = 4049
 PROBE_SITUATIONS = 150
 PROBE_SAMPLES = 4
@@ -111,12 +117,6 @@ def probe_prompts(env: Any) -> list[dict[str, Any]]:
 def probe_policy(model: Any, tokenizer: Any, env: Any, data: Any) -> StarterProbe:
     """Probe a starter model (module docstring) on ``env``, with its starter ``data``.
     Leaves the model in eval mode."""
-    from posttrain.policy.copy_circuit import id_copy_rate
-    from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
-    from posttrain.policy.models import Policy
-    from posttrain.policy.sampler import SamplingParams
-    from posttrain.score.rows import grade
-
     model.eval()
     records = probe_prompts(env)
     naming = [r["prompt"] for r in records if r["category"] == data.copy_category]

@@ -18,6 +18,13 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 
+#: the starters' own template: every message as ``<|im_start|>role\ncontent<|im_end|>``
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 TOOL_CHATML_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'tool' %}"
@@ -59,8 +66,6 @@ def renders_tool_turns(tokenizer: Any) -> bool:
 
 def _is_plain_chatml(tokenizer: Any) -> bool:
     """The starter's template: every message as ``<|im_start|>role\\ncontent<|im_end|>``."""
-    from posttrain.policy.starter import CHATML_TEMPLATE
-
     return tokenizer.chat_template == CHATML_TEMPLATE
 
 

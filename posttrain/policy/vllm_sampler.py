@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.policy.models import resolve_model_source
 from posttrain.policy.sampler import TOOL_CALL_END, Completion, Messages, SamplingParams
+from posttrain.policy.starter_names import is_starter_name
 
 SAMPLERS = ("transformers", "vllm")
 #: share of GPU memory the evaluation engine may take: a recipe's trainer still holds the
@@ -56,8 +58,6 @@ def vllm_problem() -> str | None:
 
 def check_vllm_sampler(base_model: str | None, flag: str = "--sampler vllm") -> None:
     """Refuse ``--sampler vllm`` up front when it cannot work, saying what to do."""
-    from posttrain.policy.starter import is_starter_name
-
     problem = vllm_problem()
     if problem:
         raise PosttrainError(f"{flag}: {problem}; leave it out to sample with transformers")
@@ -96,9 +96,8 @@ class VllmSampler:
     def __init__(self, base_model: str, adapter: str | None = None):
         from vllm import LLM
 
-        from posttrain.policy.models import resolve_base_model
-
-        source, _ = resolve_base_model(base_model)
+        # check_vllm_sampler refused the starters, so the name is a folder, gguf or hub id
+        source, _ = resolve_model_source(base_model)
         self.adapter = str(Path(adapter)) if adapter else None
         self.engine = LLM(model=source, enable_lora=self.adapter is not None,
                           max_lora_rank=MAX_LORA_RANK, gpu_memory_utilization=GPU_MEMORY_SHARE,

@@ -7,6 +7,7 @@ from typing import Any
 
 from posttrain.runs.ops import RunStoreError, check_run_name
 from posttrain.runs.sqlite_store import SqliteRunStore
+from posttrain.score.rows import load_rows
 
 EXPORT_FORMAT = 1
 ROW_FILES = ("holdout_before.jsonl", "holdout_after.jsonl")
@@ -17,8 +18,6 @@ def export_run(store: SqliteRunStore, runs_root: Path, name: str) -> dict[str, A
     and the run folder's graded holdout rows (when the folder is there).
 
     Raises ``RunStoreError`` for an unsafe name or a run the store does not hold."""
-    from posttrain.score.rows import load_rows
-
     check_run_name(name)
     run = store.get_run(name)
     if run is None:

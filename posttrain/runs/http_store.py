@@ -26,6 +26,7 @@ import uuid
 from collections import deque
 from typing import Any, TextIO
 
+from posttrain.http_core import error_text
 from posttrain.runs.ops import OpWriter, validate_op
 
 INGEST_PATH = "/api/ingest"
@@ -226,8 +227,6 @@ class HttpRunStore(OpWriter):
 
 
 def _error_message(error: urllib.error.HTTPError) -> str:
-    from posttrain.http_core import error_text
-
     try:
         payload = json.loads(error.read().decode("utf-8", "replace") or "{}")
         return error_text(payload, str(error.reason))

@@ -23,15 +23,14 @@ A run whose status is ``running`` but whose last write (heartbeats included) is 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.jsonl import to_jsonable
 
 STATUSES = ("running", "done", "failed", "stopped", "lost")
 FINISH_STATUSES = ("done", "failed", "stopped")
@@ -88,34 +87,6 @@ def check_run_name(name: object) -> str:
         )
     return name
 
-
-def to_jsonable(value: Any) -> Any:
-    """A copy of ``value`` that ``json.dumps`` accepts without losing precision.
-
-    Dataclasses and objects with ``to_dict`` become dicts, paths and other unknown
-    objects their ``str``, tuples and sets lists, numpy scalars Python numbers, and
-    non-finite floats None (JSON has no NaN).
-    """
-    if value is None or isinstance(value, (bool, str, int)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if hasattr(value, "to_dict"):
-        return to_jsonable(value.to_dict())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(dataclasses.asdict(value))
-    if isinstance(value, Mapping):
-        return {str(key): to_jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_jsonable(item) for item in value]
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        try:
-            return to_jsonable(value.item())
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    return str(value)
 
 
 def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

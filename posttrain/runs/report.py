@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.atomic import atomic_writer, write_text_atomic
+from posttrain.score.episode_stats import format_episode_change
 
 
 def _signal_lines(summary: dict[str, Any]) -> list[str]:
@@ -65,8 +66,6 @@ def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | Non
         before = summary["before"]
         lines += [f"pass@1 {before.get('pass_at_1')} (interval {before.get('ci95')})", ""]
     if summary.get("episodes_before") and summary.get("episodes_after"):
-        from posttrain.score.episode_stats import format_episode_change
-
         lines += ["## Episodes", "",
                   format_episode_change(summary["episodes_before"], summary["episodes_after"]),
                   ""]

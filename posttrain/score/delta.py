@@ -28,11 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from posttrain.score import stats
-from posttrain.score.format import JsonRecord, format_delta_markdown, format_delta_text
+from posttrain.score.delta_report import DeltaReport, GroupDelta, GuardStats
 from posttrain.score.noise import NoiseBand, noise_band, split_by_eval_run
 from posttrain.score.passat import (
     GroupStats,
-    PassAt,
     Row,
     ValueSpec,
     category_table,
@@ -113,89 +112,6 @@ def _verdict(paired: PairedDifference, band: float | None) -> str:
     if high < 0:
         return "DOWN"
     return "flat"
-
-
-# --- report ----------------------------------------------------------------------------
-
-
-@dataclass
-class GuardStats(JsonRecord):
-    """A guard marker (e.g. well_formed) compared the same paired way as the target."""
-
-    name: str
-    before: float
-    after: float
-    delta: float | None
-    ci95: tuple[float, float] | None
-    p_value: float | None
-    n_paired: int
-    fell: bool
-    degenerate: bool
-
-
-@dataclass
-class GroupDelta(JsonRecord):
-    """The target's paired delta within one group (e.g. one category)."""
-
-    name: str
-    before: float
-    after: float
-    delta: float | None
-    ci95: tuple[float, float] | None
-    n_paired: int
-    n_rows_before: int
-    n_rows_after: int
-    verdict: str
-    down: bool
-    low_n: bool
-    tool_call_before: float | None
-    tool_call_after: float | None
-    noise_band: float | None
-
-
-@dataclass
-class DeltaReport(JsonRecord):
-    """Everything ``delta`` measured; ``format()`` and ``format_markdown()`` render it."""
-
-    ok: bool
-    verdict: str
-    target: str
-    before: PassAt
-    after: PassAt
-    delta: float | None
-    ci95: tuple[float, float] | None
-    p_value: float | None
-    se_paired: float | None
-    n_paired: int
-    n_unpaired_before: int
-    n_unpaired_after: int
-    noise: NoiseBand | None
-    guards: list[GuardStats]
-    regressions: list[str]
-    degenerate_guards: list[str]
-    groups: list[GroupDelta]
-    groups_down: list[str]
-    warnings: list[str]
-    #: paired t interval (reference; the verdict uses the bootstrap interval)
-    ci95_t: tuple[float, float] | None = None
-    #: the band the verdict applied (computed over the paired scenarios), or None
-    noise_band_used: float | None = None
-    comparable: bool = True
-    #: smallest gain this comparison detects with 80% power, from the observed paired sd
-    detectable_effect: float | None = None
-    alpha: float = 0.05
-    by: str | None = None
-
-    def format(self) -> str:
-        """Readable plain text (see ``posttrain.score.format.format_delta_text``)."""
-        return format_delta_text(self)
-
-    def format_markdown(self) -> str:
-        """Markdown tables with the same content, for report.md."""
-        return format_delta_markdown(self)
-
-    def __str__(self) -> str:
-        return self.format()
 
 
 def _target_value(target: str) -> ValueSpec:

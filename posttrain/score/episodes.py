@@ -8,10 +8,10 @@ desk that is ``done`` or ``env.max_turns`` turns end the episode. An episode kee
 its sampling seed for every turn (a scripted agent plays one behaviour throughout;
 a model's draws differ turn to turn because its context does).
 
-A model agent's tokenizer gets a template that renders tool turns first
-(``posttrain.policy.tool_turns``). Turns are re-rendered through the chat template
-each round; TRL's training loop instead appends the tool-result tokens to the
-sampled ids, so a turn whose tokens are not the tokenizer's canonical split of its
+A model agent's tokenizer gets a template that renders tool turns first (the agent's
+``prepare_for_episodes()``, see ``posttrain.policy.model_agent``). Turns are re-rendered
+through the chat template each round; TRL's training loop instead appends the tool-result
+tokens to the sampled ids, so a turn whose tokens are not the tokenizer's canonical split of its
 text can read differently here (rare; the text is the same).
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.agents import BatchAgent, Messages
 from posttrain.envs.base import Env
 from posttrain.envs.wire import join_turns, parse_tool_calls
-from posttrain.policy.agents import BatchAgent, Messages
 
 
 @dataclass
@@ -40,11 +40,11 @@ class PlayedEpisode:
 
 
 def _prepare(agent: Any) -> None:
-    policy = getattr(agent, "policy_object", None)
-    if policy is not None:
-        from posttrain.policy.tool_turns import enable_tool_turns
-
-        enable_tool_turns(policy.tokenizer, policy.name)
+    # an agent with a chat template to ready (a model: ``ModelAgent``) says so by having
+    # this method; a scripted agent or a plain callable has nothing to prepare
+    prepare = getattr(agent, "prepare_for_episodes", None)
+    if prepare is not None:
+        prepare()
 
 
 def _answer(agent: Any, conversations: list[Messages], seeds: list[int]) -> list[str]:

@@ -283,3 +283,18 @@ def category_table(rows: Iterable[Row], *, by: str = "category", seed: int = 0,
             tool_call_rate=tool_call_rate(group),
         ))
     return table
+
+
+def format_group_table(table: Sequence[GroupStats], *, by: str = "category") -> str:
+    """Single-run table by group: scenarios, prompts, pass@1 with interval, tool-call rate."""
+    width = max(14, len(by) + 5, *(len(group.name) + 2 for group in table))
+    lines = [
+        f"{'by ' + by:<{width}}{'scenarios':>10}{'prompts':>9}  {'pass@1 [95%]':<21}tool-call rate"
+    ]
+    for group in table:
+        rate = f"{format_rate(group.pass_at_1)} {format_interval(group.ci95)}"
+        lines.append(
+            f"{group.name:<{width}}{group.n_scenarios:>10}{group.n_prompts:>9}  {rate:<21}"
+            f"{format_rate(group.tool_call_rate)}"
+        )
+    return "\n".join(lines)

@@ -24,10 +24,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.agents import BatchAgent, stable_seed
 from posttrain.envs.base import Env, case_of, is_multi_turn, passes, reads_records
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
-from posttrain.policy.agents import BatchAgent, stable_seed
+from posttrain.score.episodes import play_episodes
 
 Judge = Callable[[str, dict[str, Any]], Any]
 Progress = Callable[[int, int], None]
@@ -114,7 +115,7 @@ def grade(
     """Sample ``k`` replies per prompt from ``agent`` and return graded rows.
 
     ``agent`` is a plain callable ``messages -> reply`` or a batch agent (see
-    ``posttrain.policy.agents``). ``judge``, when given, replaces the
+    ``posttrain.agents``). ``judge``, when given, replaces the
     environment's score: ``judge(reply, prompt_record)`` returning a bool, a
     number in [0, 1] or a dict with ``score``. ``progress(done, total)`` is
     called after each chunk. Rows come out in prompt order, samples in order.
@@ -155,8 +156,6 @@ def _grade_episodes(env: Env, requests: list[tuple[dict[str, Any], int, int]], a
                     judge: Judge | None, progress: Progress | None,
                     chunk_size: int) -> list[dict[str, Any]]:
     """``grade`` for a multi-turn environment: one played episode per request."""
-    from posttrain.score.episodes import play_episodes
-
     played = []
     for start in range(0, len(requests), chunk_size):
         chunk = requests[start : start + chunk_size]

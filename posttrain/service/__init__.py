@@ -8,6 +8,7 @@ Server side: ``Engine`` (one base model, sessions, LoRA runs, ordered operations
 
 from __future__ import annotations
 
+from posttrain.service import api
 from posttrain.service.client import (
     AdamParams,
     Operation,
@@ -19,6 +20,7 @@ from posttrain.service.client import (
     ServiceUnavailable,
     Session,
 )
+from posttrain.service.engine import Engine
 from posttrain.service.rl import (
     Algorithm,
     AlgorithmNotExpressible,
@@ -46,11 +48,7 @@ __all__ = [
 def __getattr__(name: str):
     # the server side pulls in the engine modules; load them only when asked for
     if name == "Engine":
-        from posttrain.service.engine import Engine
-
         return Engine
     if name in ("serve", "start_server"):
-        from posttrain.service import api
-
         return getattr(api, name)
     raise AttributeError(f"module 'posttrain.service' has no attribute {name!r}")

@@ -48,9 +48,11 @@ from posttrain.http_core import (
 )
 from posttrain.http_core import check_bind as check_core_bind
 from posttrain.interrupts import interruptible
+from posttrain.service.chat import ChatModels, complete
 from posttrain.service.engine import PRIMITIVES, Engine
 from posttrain.service.errors import BadRequest, NotFound, ServiceError
 from posttrain.service.requests import Limits
+from posttrain.service.tinker_wire import TinkerService
 
 PREFIX = "/v1/training"
 ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -134,8 +136,6 @@ def service_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], R
 
 def openai_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Response]]]:
     """``/v1/models`` and ``/v1/chat/completions`` (``posttrain.service.chat``)."""
-    from posttrain.service.chat import ChatModels, complete
-
     models = ChatModels(engine)
 
     def answer(call: Callable[[Request], Any]) -> Callable[[Request], Response]:
@@ -172,8 +172,6 @@ def tinker_available() -> bool:
 
 def tinker_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Response]]]:
     """The tinker SDK's wire protocol, ``/api/v1/...`` (``posttrain.service.tinker_wire``)."""
-    from posttrain.service.tinker_wire import TinkerService
-
     return TinkerService(engine).routes()
 
 

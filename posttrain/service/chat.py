@@ -41,7 +41,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from posttrain.envs.wire import parse_tool_calls
+from posttrain.policy.sampler import Sampler, SamplingParams
+from posttrain.policy.tool_turns import TOOL_CHATML_TEMPLATE, renders_tool_turns
 from posttrain.service.errors import BadRequest, NotFound
+from posttrain.service.lora_model import shared_copy
 
 MAX_SAMPLES = 16
 MAX_STOPS = 4
@@ -228,8 +232,6 @@ def _lists_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) ->
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]]) -> list[int]:
     """Prompt token ids: the messages through the chat template (module docstring)."""
-    from posttrain.policy.tool_turns import TOOL_CHATML_TEMPLATE, renders_tool_turns
-
     template = None if renders_tool_turns(tokenizer) else TOOL_CHATML_TEMPLATE
     messages = [dict(message) for message in messages]
     kwargs: dict[str, Any] = {}
@@ -305,7 +307,6 @@ class ChatModels:
         if name not in self._exports:
             from peft import PeftModel
 
-            from posttrain.service.lora_model import shared_copy
 
             while len(self._exports) >= 2:  # keep the last two adapters loaded
                 self._exports.pop(next(iter(self._exports)))
@@ -329,8 +330,6 @@ def _split_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
 def choice_of(index: int, completion: Any, request: ChatRequest, tokenizer: Any
               ) -> dict[str, Any]:
     """One OpenAI ``choice`` from a sampled completion."""
-    from posttrain.envs.wire import parse_tool_calls
-
     text, stopped = _split_stop(completion.text, request.stop)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     finish = "length" if completion.stop_reason == "length" else "stop"
@@ -355,8 +354,6 @@ def choice_of(index: int, completion: Any, request: ChatRequest, tokenizer: Any
 
 def complete(engine: Any, models: ChatModels, body: Any) -> dict[str, Any]:
     """Answer one ``/v1/chat/completions`` body."""
-    from posttrain.policy.sampler import Sampler, SamplingParams
-
     request = parse_chat_request(body, engine.limits.max_sequence_tokens)
     model_for = models.resolve(request.model)
     tokenizer = engine.policy.tokenizer

@@ -30,15 +30,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.agents import stable_seed
 from posttrain.data.prompts import load_prompts, split_holdout_stratified
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import Env, case_of, env_hook
-from posttrain.policy.agents import stable_seed
+from posttrain.envs.base import Env, case_of, env_hook, require_single_turn
 from posttrain.score.delta import delta
 from posttrain.score.passat import pass_at
-from posttrain.score.rows import grade_replies
+from posttrain.score.rows import grade_replies, save_rows
 from posttrain.service import algorithms
+from posttrain.service.api import start_server
 from posttrain.service.client import Run, ServiceClient
+from posttrain.service.engine import Engine
 from posttrain.service.rl import LoopSettings, run_rl_loop
 
 STOP = ("</tool_call>",)  # the wire format's end of a call (posttrain.envs.wire)
@@ -117,15 +119,10 @@ def _evaluate(env: Env, client: ServiceClient, run: Run, version: int,
 
 def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the demo; returns the summary (cycles, pass@1 before/after, delta)."""
-    from posttrain.envs.base import require_single_turn
-
     require_single_turn(get_env(settings.env), "the primitives demo")  # before a server starts
     started = time.monotonic()
     server = None
     if settings.url is None:
-        from posttrain.service.api import start_server
-        from posttrain.service.engine import Engine
-
         say(f"loading {settings.base_model} into an in-process server ...")
         state_dir = Path(settings.out or tempfile.mkdtemp(prefix="posttrain-demo-")) / "service"
         engine = Engine(settings.base_model, state_dir, torch_threads=settings.torch_threads)
@@ -223,8 +220,6 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
     if settings.out:
         folder = Path(settings.out)
         folder.mkdir(parents=True, exist_ok=True)
-        from posttrain.score.rows import save_rows
-
         save_rows(folder / "holdout_before.jsonl", before_rows)
         save_rows(folder / "holdout_after.jsonl", after_rows)
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

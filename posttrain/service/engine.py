@@ -26,9 +26,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from posttrain.policy.loading import load_policy
+from posttrain.policy.models import parameter_count
+from posttrain.policy.sampler import end_of_turn_ids
 from posttrain.service import losses, requests, state
 from posttrain.service.compute import ComputeThread
 from posttrain.service.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from posttrain.service.lora_model import LoraModel, linear_module_names, unembedding_module_name
 from posttrain.service.operations import Operation, fingerprint
 from posttrain.service.requests import Limits
 from posttrain.service.runs import FAILS_THE_RUN, Run
@@ -89,9 +93,6 @@ class Engine:
         torch_threads: int | None = None,
         clock: Any = time.monotonic,
     ):
-        from posttrain.policy.models import load_policy
-        from posttrain.service.lora_model import linear_module_names, unembedding_module_name
-
         self.base_model = base_model
         self.state_dir = Path(state_dir).expanduser()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -125,9 +126,6 @@ class Engine:
 
     def capabilities(self) -> dict[str, Any]:
         """Primitives, losses (inputs, config keys, defaults), base model, limits."""
-        from posttrain.policy.models import parameter_count
-        from posttrain.policy.sampler import end_of_turn_ids
-
         tokenizer = self.policy.tokenizer
         return {
             "api_version": API_VERSION,
@@ -318,8 +316,6 @@ class Engine:
         )
 
     def _new_model(self, spec: requests.LoraSpec) -> Any:
-        from posttrain.service.lora_model import LoraModel
-
         return self.compute.run(LoraModel, self.policy.model, self.policy.tokenizer, spec)
 
     def _check_capacity(self) -> None:

@@ -33,6 +33,8 @@ from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any
 
+from posttrain.policy.models import lora_config
+from posttrain.policy.sampler import Sampler, SamplingParams
 from posttrain.service import losses
 from posttrain.service.requests import (
     AdamParams,
@@ -86,7 +88,6 @@ def new_peft_model(base: Any, spec: LoraSpec) -> Any:
     import torch
     from peft import get_peft_model
 
-    from posttrain.policy.models import lora_config
 
     config = lora_config(base, spec.rank, spec.alpha, spec.target_modules)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -331,8 +332,6 @@ class LoraModel:
         Sample ``i`` uses seed ``seed + i`` (so seeded samples are reproducible and not
         duplicates); without a seed one is drawn and returned.
         """
-        from posttrain.policy.sampler import Sampler, SamplingParams
-
         model = self._model_for(request.version)
         if self._sampler is None:
             self._sampler = Sampler(SimpleNamespace(model=model, tokenizer=self.tokenizer))

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.http_core import json_bytes
 from posttrain.service.errors import BadRequest, NotFound, ServiceError
 
 
@@ -44,8 +45,6 @@ class Answer:
 
     @staticmethod
     def json(payload: dict[str, Any]) -> Answer:
-        from posttrain.http_core import json_bytes
-
         return Answer(json_bytes(payload))
 
     @staticmethod

@@ -32,8 +32,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from posttrain.policy.sampler import Sampler, SamplingParams
 from posttrain.service import state
 from posttrain.service.errors import NotFound
+from posttrain.service.lora_model import new_peft_model, shared_copy, target_logprobs
 from posttrain.service.tinker_proto import SampledSequenceWire, encode_sample_response
 from posttrain.service.tinker_requests import SampleJob
 
@@ -112,7 +114,6 @@ class TinkerSampling:
     def _load_adapter(self, source: SamplerSource) -> Any:
         import torch
 
-        from posttrain.service.lora_model import new_peft_model, shared_copy
 
         base = self.engine.policy.model
         folder = self.folder(source)
@@ -144,8 +145,6 @@ class TinkerSampling:
         return model
 
     def _sampler_for(self, model: Any) -> Any:
-        from posttrain.policy.sampler import Sampler
-
         with self._lock:
             entry = self._samplers.get(id(model))
             if entry is not None and entry[0] is model:
@@ -166,8 +165,6 @@ class TinkerSampling:
         return self.engine.compute.run(self._sample, source, job)
 
     def _sample(self, source: SamplerSource, job: SampleJob) -> bytes:
-        from posttrain.policy.sampler import SamplingParams
-
         model = self._model_for(source)
         sampler = self._sampler_for(model)
         seed = job.seed if job.seed is not None else random.SystemRandom().randrange(2**62)
@@ -190,7 +187,6 @@ class TinkerSampling:
                          ) -> list[float | None]:
         import torch
 
-        from posttrain.service.lora_model import target_logprobs
 
         values: list[float | None] = [None]
         if len(prompt) > 1:

@@ -26,6 +26,7 @@ from typing import Any
 from posttrain.envs.base import Env, env_hook
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects
+from posttrain.score.rows import grade
 
 ROLES = ("system", "user", "assistant", "tool")
 #: what ``--demos`` takes to use the environment's reference agent instead of a file
@@ -143,8 +144,6 @@ def reference_demos(env: Env, records: Sequence[dict[str, Any]], per_prompt: int
     """``per_prompt`` replies per record from the environment's reference agent (the
     ``reference_agent(seed)`` hook), graded by the rule: only passing replies are kept,
     identical ones once."""
-    from posttrain.score.rows import grade
-
     make_agent = env_hook(env, "reference_agent", "has no reference agent",
                           "give --demos FILE (a JSONL of conversations)")
     rows = grade(env, list(records), make_agent(seed), k=per_prompt, seed=seed,

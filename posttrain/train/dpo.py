@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.envs import DEFAULT_ENV
+from posttrain.envs import DEFAULT_ENV, get_env
+from posttrain.envs.base import require_single_turn
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
@@ -222,9 +223,6 @@ def check_dpo_settings(settings: DPOSettings) -> None:
 
     Raises ``PosttrainError`` (``InputFileError`` for a bad pairs line, naming it).
     """
-    from posttrain.envs import get_env
-    from posttrain.envs.base import require_single_turn
-
     require_single_turn(get_env(settings.env), "posttrain dpo")
     if settings.loss_type not in DPO_LOSS_TYPES:
         raise PosttrainError(
@@ -311,10 +309,3 @@ def dpo_loss_kwargs(settings: DPOSettings) -> dict[str, Any]:
         return {"loss_type": [settings.loss_type]}
     return {"loss_type": [settings.loss_type, "sft"], "loss_weights": [1.0, sft_weight]}
 
-
-def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the DPO recipe end to end; returns the summary (also in summary.json)."""
-    from posttrain.train.dpo_trainer import train_dpo
-    from posttrain.train.recipe import run_recipe
-
-    return run_recipe("dpo", settings, check=check_dpo_settings, train=train_dpo, say=say)

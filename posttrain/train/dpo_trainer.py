@@ -18,13 +18,18 @@ step ``train_dpo``:
 from __future__ import annotations
 
 import tempfile
-from dataclasses import replace
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.policy.models import Policy, lora_config, parameter_count
-from posttrain.train.dpo import DPOSettings, dpo_config_kwargs
-from posttrain.train.grpo_trainer import quiet_transformers_warnings
+from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
+from posttrain.policy.models import Policy, lora_config, parameter_count, save_policy
+from posttrain.policy.sampler import SamplingParams
+from posttrain.progress import progress_bar
+from posttrain.train.callbacks import TrainerCallback
+from posttrain.train.console import ConsoleProgress
+from posttrain.train.context import RecipeContext, TrainOutcome
+from posttrain.train.distributed import Ranks, gather_all, shard
+from posttrain.train.dpo import DPOSettings, check_dpo_settings, dpo_config_kwargs
 from posttrain.train.pairs import (
     Pair,
     PairReport,
@@ -35,6 +40,8 @@ from posttrain.train.pairs import (
     sample_pair_rows,
     summarize_pairs,
 )
+from posttrain.train.recipe import run_recipe
+from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 
 def dpo_dataset(pairs: list[Pair]) -> Any:
@@ -48,9 +55,6 @@ def dpo_dataset(pairs: list[Pair]) -> Any:
 
 def policy_agent(context: Any) -> Any:
     """The policy being trained as a sampling agent, at the evaluation temperature and top-p."""
-    from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
-    from posttrain.policy.sampler import SamplingParams
-
     settings: DPOSettings = context.settings
     params = SamplingParams(
         temperature=settings.eval_temperature,
@@ -67,9 +71,6 @@ def sample_pairs(context: Any, agent: Any) -> tuple[list[Pair], PairReport]:
     ``context`` needs ``settings``, ``env``, ``data.train`` and ``say``. Raises
     ``PosttrainError`` when no prompt had contrast, saying to raise ``--pair-samples``.
     """
-    from posttrain.progress import progress_bar
-    from posttrain.train.distributed import Ranks, gather_all, shard
-
     settings: DPOSettings = context.settings
     ranks: Ranks = getattr(context, "ranks", Ranks())
     train = context.data.train
@@ -162,14 +163,8 @@ def build_dpo_trainer(
     return trainer
 
 
-def train_dpo(context: Any) -> Any:
+def train_dpo(context: RecipeContext) -> TrainOutcome:
     """The DPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
-    from posttrain.policy.models import save_policy
-    from posttrain.train.callbacks import TrainerCallback
-    from posttrain.train.console import ConsoleProgress
-    from posttrain.train.distributed import trainer_launch
-    from posttrain.train.recipe import TrainOutcome
-
     settings: DPOSettings = context.settings
     learning_rate = context.learning_rate
     if settings.from_run:
@@ -205,13 +200,10 @@ def train_dpo(context: Any) -> Any:
     trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks,
                                 output_dir=settings.trainer_output_dir(context.folder),
                                 world_size=context.ranks.world)
-    with quiet_transformers_warnings():
-        trainer.train()
-    trainer.model.save_pretrained(str(context.folder.adapter))
-    trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
-    return TrainOutcome(
-        policy=trained,
-        history=list(trainer.state.log_history),
-        extra={"pair_report": report.to_dict(), "pairs": report.pairs,
-               **trainer_launch(trainer)},
-    )
+    trained = train_and_save(trainer, context)
+    return trainer_outcome(trainer, trained,
+                           {"pair_report": report.to_dict(), "pairs": report.pairs})
+
+def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
+    """Run the DPO recipe end to end; returns the summary (also in summary.json)."""
+    return run_recipe("dpo", settings, check=check_dpo_settings, train=train_dpo, say=say)

@@ -32,6 +32,7 @@ from typing import Any
 from posttrain.data.prepare import PreparedData
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
+from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
@@ -225,8 +226,6 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
 
 def gold_judge(settings: GRPOSettings, env: Any) -> Any:
     """The ``--gold-endpoint`` judge."""
-    from posttrain.score.judge import endpoint_judge
-
     return endpoint_judge(str(settings.gold_endpoint), settings.gold_model,
                           settings.gold_key_env, env, flag="--gold-endpoint")
 
@@ -277,11 +276,3 @@ def grpo_config_kwargs(
         **trainer_runtime_kwargs(on_gpu, settings.report_to),
     }
 
-
-def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the GRPO recipe end to end; returns the summary (also in summary.json)."""
-    from posttrain.train.grpo_trainer import train_grpo
-    from posttrain.train.recipe import run_recipe
-
-    return run_recipe("grpo", settings, check=check_grpo_settings, train=train_grpo, say=say,
-                      check_data=check_grpo_data)

@@ -10,15 +10,27 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
 from posttrain.policy.models import Policy, lora_config
-from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
+from posttrain.policy.tool_turns import enable_tool_turns
+from posttrain.train.callbacks import TrainerCallback
+from posttrain.train.console import ConsoleProgress
+from posttrain.train.context import RecipeContext, TrainOutcome
+from posttrain.train.grpo import (
+    GRPOSettings,
+    check_grpo_data,
+    check_grpo_settings,
+    gold_judge,
+    grpo_config_kwargs,
+)
+from posttrain.train.measure import evaluation_sampling
+from posttrain.train.monitor import HackMonitor, MonitorSettings
+from posttrain.train.recipe import run_recipe
 from posttrain.train.rewards import RuleReward
+from posttrain.train.signal_watch import SignalWatch
+from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 
 def grpo_dataset(env: Env, records: list[dict[str, Any]]) -> Any:
@@ -62,8 +74,6 @@ def build_grpo_trainer(
     if multi_turn:
         # TRL's own tool loop plays the episodes: the desk class as environment_factory,
         # tool results masked out of the loss (reference/multiturn-spike.md)
-        from posttrain.policy.tool_turns import enable_tool_turns
-
         enable_tool_turns(policy.tokenizer, policy.name)
         episode_kwargs["environment_factory"] = env.trl_environment()  # type: ignore[attr-defined]
     with quiet_transformers_warnings():  # the config itself warns about checkpointing
@@ -122,32 +132,9 @@ def generation_share(history: list[dict[str, Any]]) -> float | None:
     return round(generating / stepping, 4) if generating and stepping else None
 
 
-@contextmanager
-def quiet_transformers_warnings() -> Iterator[None]:
-    """Silence transformers 5.24's renaming notice for gradient checkpointing, which every
-    TRL run prints although posttrain turns checkpointing off (reference/spike.md 9.3),
-    and TRL's experimental-feature notice for environment_factory."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*")
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-        # environment_factory is TRL's multi-turn route; its "experimental" notice is
-        # printed on every multi-turn run and says nothing the user can act on
-        warnings.filterwarnings("ignore", message=".*'environment_factory'.*experimental.*")
-        yield
-
-
-def train_grpo(context: Any) -> Any:
+def train_grpo(context: RecipeContext) -> TrainOutcome:
     """The GRPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
-    from dataclasses import replace
 
-    from posttrain.train.callbacks import TrainerCallback
-    from posttrain.train.console import ConsoleProgress
-    from posttrain.train.distributed import trainer_launch
-    from posttrain.train.grpo import gold_judge
-    from posttrain.train.measure import evaluation_sampling
-    from posttrain.train.monitor import HackMonitor, MonitorSettings
-    from posttrain.train.recipe import TrainOutcome
-    from posttrain.train.signal_watch import SignalWatch
 
     settings: GRPOSettings = context.settings
     reward: RuleReward = context.reward
@@ -192,10 +179,7 @@ def train_grpo(context: Any) -> Any:
         output_dir=settings.trainer_output_dir(context.folder),
         world_size=context.ranks.world,
     )
-    with quiet_transformers_warnings():
-        trainer.train()
-    trainer.model.save_pretrained(str(context.folder.adapter))
-    trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
+    trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
     if signal_watch.describe():
         context.say(signal_watch.describe())
@@ -203,15 +187,20 @@ def train_grpo(context: Any) -> Any:
     if share is not None:
         context.say(f"generation took {share:.0%} of the training steps' time"
                     + ("" if settings.use_vllm else " (--use-vllm speeds it up on a GPU)"))
-    return TrainOutcome(
-        policy=trained,
-        status="stopped" if stopped_by else "done",
+    # what TRL saw goes in too (trainer_outcome): 2 under torchrun, or the launch fell
+    # apart into copies
+    return trainer_outcome(
+        trainer,
+        trained,
+        {"monitor": monitor.summary() if monitor else None,
+         "signal": signal_watch.summary(),
+         "generation_share": generation_share(trainer.state.log_history)},
         stop_reason=stopped_by,
-        history=list(trainer.state.log_history),
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
-        extra={"monitor": monitor.summary() if monitor else None,
-               "signal": signal_watch.summary(),
-               "generation_share": generation_share(trainer.state.log_history),
-               # what TRL saw: 2 under torchrun, or the launch fell apart into copies
-               **trainer_launch(trainer)},
     )
+
+
+def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
+    """Run the GRPO recipe end to end; returns the summary (also in summary.json)."""
+    return run_recipe("grpo", settings, check=check_grpo_settings, train=train_grpo, say=say,
+                      check_data=check_grpo_data)

@@ -9,18 +9,22 @@ check and the category table, writes ``summary.json``, ``report.md`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
+from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
+from posttrain.policy.vllm_sampler import VllmAgent
+from posttrain.runs.model_card import complete_adapter_folder, push_adapter
+from posttrain.runs.report import write_curves_png, write_report_markdown
 from posttrain.score.delta import noise_band, run_verdict
+from posttrain.score.episode_stats import episode_stats, format_episode_change
 from posttrain.score.evaluate import evaluate
 from posttrain.score.format import json_safe
 from posttrain.score.passat import PassAt, category_table, pass_at
+from posttrain.train.context import RecipeContext, TrainOutcome
+from posttrain.train.distributed import gather_in_order, shard, sharding_not_applied
 
-if TYPE_CHECKING:
-    from posttrain.policy.models import Policy
-    from posttrain.train.recipe import RecipeContext, TrainOutcome
 
 @dataclass
 class PolicyEvaluation:
@@ -60,8 +64,6 @@ def evaluation_agent(settings: Any, policy: Policy, params: SamplingParams) -> A
     (the after-evaluation runs once the trainer wrote ``adapter/``)."""
     if getattr(settings, "sampler", "transformers") != "vllm":
         return ModelAgent(policy, params)
-    from posttrain.policy.vllm_sampler import VllmAgent
-
     return VllmAgent(settings.base_model or policy.name, policy.adapter, params)
 
 
@@ -73,8 +75,6 @@ def evaluate_policy(
     Launched as several processes, each samples its share of the prompts and the rows are
     gathered back in the holdout's order on every process (``posttrain.train.distributed``).
     """
-    from posttrain.train.distributed import gather_in_order, shard
-
     settings = context.settings
     ranks = context.ranks
     holdout = context.data.holdout
@@ -137,9 +137,6 @@ def finish_summary(
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """Complete the summary, write the run folder's report files, print the report."""
-    from posttrain.runs.report import write_curves_png, write_report_markdown
-    from posttrain.score.episode_stats import episode_stats, format_episode_change
-
     if context is None:
         return summary
     say = context.say
@@ -156,8 +153,6 @@ def finish_summary(
             **outcome.extra,
         }
     )
-    from posttrain.train.distributed import sharding_not_applied
-
     launch_warning = sharding_not_applied(summary.get("trainer_distributed_type"))
     if launch_warning:
         summary["launch_warning"] = launch_warning
@@ -183,8 +178,6 @@ def finish_summary(
     summary = json_safe(summary)
     folder = context.folder
     if outcome.policy is not None:
-        from posttrain.runs.model_card import complete_adapter_folder, push_adapter
-
         complete_adapter_folder(folder.adapter, context.policy.tokenizer, summary,
                                 {"recipe": summary.get("recipe"),
                                  "settings": context.settings.to_config()})

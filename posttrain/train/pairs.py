@@ -47,10 +47,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posttrain.agents import stable_seed
 from posttrain.envs.base import Env, case_of, env_hook, passes
 from posttrain.envs.wire import parse_tool_call, render_tool_call
 from posttrain.errors import InputFileError
 from posttrain.jsonl import numbered_lines, strict_json_loads, write_jsonl_atomic
+from posttrain.score.rows import grade
 
 Pair = dict[str, Any]
 
@@ -542,9 +544,6 @@ def sample_pair_rows(
     all differ because each sample index has its own seed (``grade``). Rows come out
     in first-seen prompt order. ``progress(done, total)`` is called as replies arrive.
     """
-    from posttrain.policy.agents import stable_seed
-    from posttrain.score.rows import grade
-
     if samples < 1:
         raise ValueError(f"samples per prompt must be at least 1, got {samples}")
     first: dict[str, dict[str, Any]] = {}

@@ -20,55 +20,29 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import Env, case_of, rewarded_features
+from posttrain.envs.base import case_of, rewarded_features
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
-from posttrain.policy.models import Policy, load_adapter, load_policy, merge_adapter
+from posttrain.policy.loading import load_policy
+from posttrain.policy.models import Policy, load_adapter, merge_adapter, parameter_count
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
-from posttrain.runs.store import NullRun
+from posttrain.runs.store import NullRun, open_run
 from posttrain.score.audit import RewardAudit, reward_audit
+from posttrain.train import distributed
+from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.distributed import Ranks
+from posttrain.train.measure import evaluate_policy, finish_summary
 from posttrain.train.rewards import RuleReward, load_reward_function
 from posttrain.train.settings import RecipeSettings, check_recipe_settings
+from posttrain.ui.announce import local_dashboard_url
 
 #: the base model of a recipe whose environment names no starter of its own
 DEFAULT_STARTER = "starter"
-
-
-@dataclass
-class TrainOutcome:
-    """What a recipe's training step hands back to the shared flow."""
-
-    policy: Policy | None  # the trained policy (adapter on), None when nothing was trained
-    status: str = "done"  # done | stopped
-    stop_reason: str | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)  # trainer log history
-    alarms: list[dict[str, Any]] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # recipe-specific summary entries
-
-
-@dataclass
-class RecipeContext:
-    """Everything the training step may need; built by ``run_recipe``."""
-
-    recipe: str
-    settings: RecipeSettings
-    env: Env
-    data: PreparedData
-    folder: RunFolder
-    policy: Policy
-    learning_rate: float
-    run: Any  # RunHandle (or NullRun)
-    reward: RuleReward  # the training reward (the environment's rule unless --reward)
-    before_rows: list[dict[str, Any]] = field(default_factory=list)  # every base evaluation
-    say: Callable[[str], None] = print
-    ranks: Ranks = field(default_factory=Ranks)  # this process's place in a launch
 
 
 def _versions() -> dict[str, str]:
@@ -158,11 +132,6 @@ def run_recipe(
 
     ``check`` refuses impossible settings and ``check_data`` settings that do not fit
     the prepared prompts, both before the model loads or anything is written."""
-    from posttrain.policy.models import parameter_count
-    from posttrain.runs.store import open_run
-    from posttrain.train import distributed
-    from posttrain.train.measure import evaluate_policy, finish_summary
-
     timings: dict[str, float] = {}
     started = time.monotonic()
     ranks = distributed.current_ranks()
@@ -302,7 +271,5 @@ def audit_training_reward(context: RecipeContext) -> RewardAudit:
 
 def _local_run_page(runs_root: Path, name: str) -> str | None:
     """The run's page on a ``posttrain ui`` serving this runs folder, if one is running."""
-    from posttrain.ui.announce import local_dashboard_url
-
     url = local_dashboard_url(runs_root)
     return f"{url}runs/{name}" if url else None

@@ -20,7 +20,8 @@ from posttrain.data.prepare import (
 )
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
-from posttrain.policy.vllm_sampler import SAMPLERS
+from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
+from posttrain.runs.model_card import push_problem
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
 # is for a 1.5B model; the tiny starter learns nothing visible at that rate in 40 steps
@@ -273,16 +274,12 @@ def check_recipe_settings(settings: RecipeSettings) -> None:
     if tracker:
         raise PosttrainError(tracker)
     if settings.push_to_hub is not None:
-        from posttrain.runs.model_card import push_problem
-
         problem = push_problem(settings.push_to_hub)
         if problem:
             raise PosttrainError(f"--push-to-hub {settings.push_to_hub}: {problem}")
     check_seed("--seed", settings.seed)
     check_seed("--eval-seed", settings.eval_seed)
     if settings.sampler == "vllm":
-        from posttrain.policy.vllm_sampler import check_vllm_sampler
-
         if settings.from_run:
             raise PosttrainError("--sampler vllm with --from-run: the policy starts as an "
                                  "adapter merged in memory, which vLLM cannot load; leave "

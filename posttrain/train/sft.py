@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs import DEFAULT_ENV
+from posttrain.envs import DEFAULT_ENV, get_env
+from posttrain.envs.base import is_multi_turn
 from posttrain.errors import PosttrainError
 from posttrain.train.demos import REFERENCE, load_demos
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
@@ -82,9 +83,6 @@ class SFTSettings(RecipeSettings):
 def check_sft_settings(settings: SFTSettings) -> None:
     """Refuse impossible settings, and read ``--demos FILE``, before anything loads or is
     written. Raises ``PosttrainError`` (``InputFileError`` naming a bad line)."""
-    from posttrain.envs import get_env
-    from posttrain.envs.base import is_multi_turn
-
     if settings.steps < 1:
         raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
     if settings.batch_size < 1:
@@ -132,10 +130,3 @@ def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: s
         **trainer_runtime_kwargs(device.startswith("cuda"), settings.report_to),
     }
 
-
-def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the SFT recipe end to end; returns the summary (also in summary.json)."""
-    from posttrain.train.recipe import run_recipe
-    from posttrain.train.sft_trainer import train_sft
-
-    return run_recipe("sft", settings, check=check_sft_settings, train=train_sft, say=say)

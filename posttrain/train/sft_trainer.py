@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import replace
 from typing import Any
 
+from posttrain.atomic import write_text_atomic
 from posttrain.errors import PosttrainError
 from posttrain.policy.models import Policy, lora_config
+from posttrain.progress import progress_bar
+from posttrain.train.callbacks import TrainerCallback
+from posttrain.train.console import ConsoleProgress
+from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.demos import (
     Demo,
     DemoReport,
@@ -27,8 +31,9 @@ from posttrain.train.demos import (
     load_demos,
     reference_demos,
 )
-from posttrain.train.grpo_trainer import quiet_transformers_warnings
-from posttrain.train.sft import SFTSettings, sft_config_kwargs
+from posttrain.train.recipe import run_recipe
+from posttrain.train.sft import SFTSettings, check_sft_settings, sft_config_kwargs
+from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 
 def sft_dataset(demos: list[Demo]) -> Any:
@@ -41,8 +46,6 @@ def sft_dataset(demos: list[Demo]) -> Any:
 
 def gather_demos(context: Any) -> tuple[list[Demo], DemoReport]:
     """The demonstrations this run trains on, holdout leaks removed (see module doc)."""
-    from posttrain.progress import progress_bar
-
     settings: SFTSettings = context.settings
     if settings.uses_reference():
         train = context.data.train
@@ -71,8 +74,6 @@ def gather_demos(context: Any) -> tuple[list[Demo], DemoReport]:
 
 def write_demos(demos: list[Demo], path: Any) -> None:
     """The demonstrations as JSONL (atomically): what exactly was trained on."""
-    from posttrain.atomic import write_text_atomic
-
     write_text_atomic(path, "".join(json.dumps(demo, ensure_ascii=False) + "\n"
                                     for demo in demos))
 
@@ -102,13 +103,8 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     return trainer
 
 
-def train_sft(context: Any) -> Any:
+def train_sft(context: RecipeContext) -> TrainOutcome:
     """The SFT recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
-    from posttrain.train.callbacks import TrainerCallback
-    from posttrain.train.console import ConsoleProgress
-    from posttrain.train.distributed import trainer_launch
-    from posttrain.train.recipe import TrainOutcome
-
     settings: SFTSettings = context.settings
     demos, report = gather_demos(context)
     write_demos(demos, context.folder.file("demos.jsonl"))
@@ -126,10 +122,10 @@ def train_sft(context: Any) -> Any:
     trainer = build_sft_trainer(context.policy, demos, settings, context.learning_rate,
                                 callbacks, output_dir=settings.trainer_output_dir(context.folder),
                                 world_size=context.ranks.world)
-    with quiet_transformers_warnings():
-        trainer.train()
-    trainer.model.save_pretrained(str(context.folder.adapter))
-    trained = replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
-    return TrainOutcome(policy=trained, history=list(trainer.state.log_history),
-                        extra={"demo_report": report.to_dict(), "demos": report.kept,
-                               **trainer_launch(trainer)})
+    trained = train_and_save(trainer, context)
+    return trainer_outcome(trainer, trained,
+                           {"demo_report": report.to_dict(), "demos": report.kept})
+
+def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
+    """Run the SFT recipe end to end; returns the summary (also in summary.json)."""
+    return run_recipe("sft", settings, check=check_sft_settings, train=train_sft, say=say)

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from posttrain.agents import Messages, stable_seed
 from posttrain.envs.refund.rule import case_for, category
-from posttrain.policy.agents import Messages, stable_seed
 
 #: the moves a ``Behaviour`` gives probabilities to (the rest: plain prose)
 BEHAVIOUR_KEYS = ("right", "invent", "refund_first", "malformed")

@@ -47,6 +47,9 @@ from posttrain.envs.refund.prompts import (
     join_message,
     simulate,
 )
+from posttrain.envs.refund.rule import CATEGORIES, case_for, category, normalize_order_id
+from posttrain.jsonl import write_jsonl_atomic
+from posttrain.text import jaccard, word_set
 
 #: the shipped set: its name for ``--holdout-set`` and how it was built
 NAME = "refund-holdout"
@@ -317,8 +320,6 @@ def _situation(index: int, seed: int, rng: random.Random) -> dict[str, Any]:
 def template_pool() -> tuple[frozenset[str], ...]:
     """Word sets of every prompt the template writer writes for ``TEMPLATE_POOL`` (computed
     once a process: about 6,500 template prompts, seconds to write)."""
-    from posttrain.data.prompts import word_set
-
     seen: dict[str, frozenset[str]] = {}
     for situations, seed in TEMPLATE_POOL:
         for record in simulate(situations, seed):
@@ -333,9 +334,6 @@ def build_holdout(situations: int = SITUATIONS, seed: int = SEED
     Records are ``{"prompt", "scenario_id", "category", "case", "seed", "source"}`` where
     ``seed`` names the intent and ``source`` is ``"grammar"``.
     """
-    from posttrain.data.prompts import jaccard, make_record, word_set
-    from posttrain.envs.refund.rule import REFUND_ENV, normalize_order_id
-
     if situations < 1:
         raise ValueError(f"situations must be at least 1, got {situations}")
     rng = random.Random(seed)
@@ -346,8 +344,9 @@ def build_holdout(situations: int = SITUATIONS, seed: int = SEED
     for index in range(situations):
         situation = _situation(index, seed, rng)
         report.written += 1
-        record = make_record(situation["prompt"], situation["scenario_id"], env=REFUND_ENV,
-                             seed=situation["intent"])
+        case = case_for(situation["prompt"])
+        record = {"prompt": situation["prompt"], "scenario_id": situation["scenario_id"],
+                  "category": category(case), "case": case, "seed": situation["intent"]}
         if record["category"] != situation["wanted"]:
             report.dropped_category += 1
             continue
@@ -365,7 +364,7 @@ def build_holdout(situations: int = SITUATIONS, seed: int = SEED
         kept.append({**record, "source": "grammar"})
         kept_words.append(words)
     report.kept = len(kept)
-    counts = {name: sum(r["category"] == name for r in kept) for name in REFUND_ENV.categories}
+    counts = {name: sum(r["category"] == name for r in kept) for name in CATEGORIES}
     report.by_category = {name: count for name, count in counts.items() if count}
     return kept, report
 
@@ -382,10 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"messages to write before filtering (default {SITUATIONS})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"grammar seed (default {SEED})")
     args = parser.parse_args(argv)
-    from posttrain.data.prompts import save_prompts
-
     records, report = build_holdout(args.situations, args.seed)
-    save_prompts(args.out, records)
+    write_jsonl_atomic(args.out, records)
     print("\n".join([f"wrote {args.out}", *report.lines()]))
     print(json.dumps(asdict(report), sort_keys=True))
     return 0

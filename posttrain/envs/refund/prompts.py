@@ -23,8 +23,8 @@ import json
 import random
 from typing import Any
 
-from posttrain.data.prompts import folded
 from posttrain.envs.refund.rule import case_for, category
+from posttrain.text import folded
 
 # share of situations per category: with-id dominates (as in real support
 # traffic and the recipe), while no-id and off-topic stay large enough for the

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.envs.wire import parse_tool_call
@@ -214,81 +213,3 @@ def markers(reply: str, case: dict[str, Any]) -> dict[str, float]:
 def messages_for(prompt: str) -> list[dict[str, str]]:
     """The conversation the policy answers: ``[system, user]``."""
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-
-
-@dataclass(frozen=True)
-class RefundEnv:
-    """The refund assistant as an ``Env`` object (see ``posttrain.envs.base``)."""
-
-    name: str = "refund"
-    categories: tuple[str, ...] = CATEGORIES
-    tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
-    system: str = SYSTEM
-    rewarded_features: dict[str, tuple[str, ...]] = field(
-        default_factory=lambda: dict(REWARDED_FEATURES)
-    )
-
-    def messages_for(self, prompt: str) -> list[dict[str, str]]:
-        return messages_for(prompt)
-
-    def case_for(self, prompt: str) -> dict[str, Any]:
-        return case_for(prompt)
-
-    def category(self, case: dict[str, Any]) -> str:
-        return category(case)
-
-    def score(self, reply: str, case: dict[str, Any]) -> float:
-        return score(reply, case)
-
-    def markers(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
-        return markers(reply, case)
-
-    # --- optional hooks (posttrain.envs.base): imported lazily, the rule needs none
-
-    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
-        """The template prompt writer: ``count`` situations, one or two phrasings each."""
-        from posttrain.envs.refund.prompts import simulate
-
-        return simulate(count, seed=seed)
-
-    def prompt_sets(self) -> dict[str, Any]:
-        """Prompt sets shipped with the rule, by name (``--holdout-set``): the refund
-        holdout of 477 grammar-written prompts (``posttrain.envs.refund.holdout``)."""
-        from posttrain.envs.refund.holdout import NAME, SHIPPED_FILE
-
-        return {NAME: SHIPPED_FILE}
-
-    def scripted_agent(self, seed: int = 0,
-                       behaviour: dict[str, dict[str, float]] | None = None) -> Any:
-        """The seeded scripted agent (``posttrain.envs.refund.agent``)."""
-        from posttrain.envs.refund.agent import scripted_agent
-
-        return scripted_agent(seed, behaviour)
-
-    def reference_agent(self, seed: int = 0) -> Any:
-        """The rule's right move on every prompt (the scripted agent with ``right`` 1.0
-        everywhere): demonstrations for ``posttrain sft --demos reference``."""
-        from posttrain.envs.refund.agent import scripted_agent
-
-        return scripted_agent(seed, {name: {"right": 1.0} for name in self.categories})
-
-    def behaviour_help(self) -> str:
-        from posttrain.envs.refund.agent import behaviour_help
-
-        return behaviour_help()
-
-    def starter_data(self) -> Any:
-        """What the starter build needs of this rule (``posttrain.envs.refund.starter_data``)."""
-        from posttrain.envs.refund.starter_data import STARTER_DATA
-
-        return STARTER_DATA
-
-    def constructed_negative(self, prompt: str, case: dict[str, Any]) -> str | None:
-        """A known-bad reply: on a prompt that gives no order id, a lookup of an id
-        the customer never gave (``posttrain.envs.refund.negatives``); None elsewhere."""
-        from posttrain.envs.refund.negatives import invented_lookup
-
-        return invented_lookup(prompt, case)
-
-
-REFUND_ENV = RefundEnv()

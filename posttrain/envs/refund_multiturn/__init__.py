@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.envs.refund_multiturn.agent import ScriptedEpisodeAgent, behaviour_help
 from posttrain.envs.refund_multiturn.desk import Desk, RefundDesk
+from posttrain.envs.refund_multiturn.prompts import write_prompts
 from posttrain.envs.refund_multiturn.rule import (
     CATEGORIES,
     MAX_TURNS,
@@ -25,6 +27,7 @@ from posttrain.envs.refund_multiturn.rule import (
     replay,
     score,
 )
+from posttrain.envs.refund_multiturn.starter_data import starter_dialogue
 from posttrain.envs.wire import split_turns
 
 # what the episode score pays for by design (hack_scan names; "-": less of it, "~":
@@ -91,19 +94,13 @@ class RefundMultiturnEnv:
     # --- optional hooks
 
     def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
-        from posttrain.envs.refund_multiturn.prompts import write_prompts
-
         return write_prompts(count, seed)
 
     def scripted_agent(self, seed: int = 0,
                        behaviour: dict[str, dict[str, float]] | None = None) -> Any:
-        from posttrain.envs.refund_multiturn.agent import ScriptedEpisodeAgent
-
         return ScriptedEpisodeAgent(seed, behaviour)
 
     def behaviour_help(self) -> str:
-        from posttrain.envs.refund_multiturn.agent import behaviour_help
-
         return behaviour_help()
 
     def starter_episode_spec(self) -> dict[str, Any]:
@@ -115,8 +112,6 @@ class RefundMultiturnEnv:
 
     def starter_dialogue(self, prompt: str, right: bool, rng: Any) -> tuple[str, str, list]:
         """One warm-start episode for the starter build (``starter_data``)."""
-        from posttrain.envs.refund_multiturn.starter_data import starter_dialogue
-
         return starter_dialogue(prompt, right, rng)
 
 

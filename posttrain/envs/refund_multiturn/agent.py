@@ -14,9 +14,9 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from posttrain.agents import Messages, stable_seed
 from posttrain.envs.refund_multiturn.rule import case_for, category
 from posttrain.envs.wire import render_tool_call
-from posttrain.policy.agents import Messages, stable_seed
 
 #: moves the agent can play; the rest of the probability mass is a plain reply
 MOVES = ("right", "invent", "refund_first", "wrong_amount", "no_reason", "malformed")

@@ -23,7 +23,7 @@ from typing import Any
 from posttrain.envs.refund.starter_data import fresh_order_number
 from posttrain.envs.refund_multiturn.agent import _next_turn
 from posttrain.envs.refund_multiturn.desk import Desk
-from posttrain.envs.refund_multiturn.rule import MAX_TURNS, case_for, category
+from posttrain.envs.refund_multiturn.rule import MAX_TURNS, case_for, category, messages_for
 from posttrain.envs.wire import parse_tool_calls, render_tool_call
 
 STARTER_MIX: dict[str, dict[str, float]] = {
@@ -73,8 +73,6 @@ def play(prompt: str, move: str, rng: random.Random, system: list[dict[str, Any]
 def starter_dialogue(prompt: str, right: bool, rng: random.Random
                      ) -> tuple[str, str, list[dict[str, Any]]]:
     """(prompt with a fresh id, move played, episode turns) for one warm-start draw."""
-    from posttrain.envs.refund_multiturn.rule import messages_for
-
     prompt = fresh_order_number(prompt, rng)[0]
     shares = STARTER_MIX[category(case_for(prompt))]
     if right:

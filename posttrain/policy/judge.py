@@ -22,7 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.agents import stable_seed
 from posttrain.envs.base import Env
+from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
 
 JUDGE_SYSTEM = ("You check the replies of a customer-support assistant against the policy it "
                 "was given. Read the policy, the customer's message and the assistant's reply. "
@@ -57,8 +59,6 @@ class EndpointJudge:
         self.describe = dict(getattr(agent, "policy", {}) or {})
 
     def verdicts(self, rows: list[dict[str, Any]]) -> list[bool | None]:
-        from posttrain.policy.agents import stable_seed
-
         conversations = [judge_messages(self.env.system, row["prompt"], row["reply"])
                          for row in rows]
         seeds = [stable_seed("judge", row["prompt"], row.get("sample", 0),
@@ -78,8 +78,6 @@ def endpoint_judge(url: str, model: str | None, key_env: str, env: Env,
     """The judge at ``url`` (temperature 0, a one-word answer), for eval and the monitor;
     ``flag`` (``--judge-endpoint``, ``--gold-endpoint``) names it in messages, with its
     ``-model`` and ``-key-env`` companions."""
-    from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings
-
     stem = flag.removesuffix("-endpoint")
     settings = EndpointSettings(url=url, model=model, key_env=key_env, temperature=0.0,
                                 top_p=1.0, max_tokens=16, flag=flag,

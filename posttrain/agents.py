@@ -8,7 +8,12 @@ can do better in bulk (a model) implements the batch protocol instead:
     sampling: dict   # how (temperature, top_p, max_new_tokens, ...)
 
 ``seeds`` holds one integer per conversation so a seeded evaluation is
-reproducible whatever else shares the batch.
+reproducible whatever else shares the batch. An agent that must get ready for
+multi-turn episodes (a model whose chat template has to render tool turns) also has
+``prepare_for_episodes()``, which the episode runner calls before the first turn.
+
+This contract sits on the ground floor of the package: environments (their scripted
+and reference agents), the data writers, grading and the models all speak it.
 
 A scripted agent (no model: a fixed mix of right and wrong moves per category)
 belongs to its environment, which knows what the right move is: the

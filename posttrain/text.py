@@ -1,0 +1,28 @@
+"""Text helpers every floor may use: folding and word-set similarity of prompts.
+
+They sit below the environments because a rule's own prompt writer dedupes and
+filters with the same measures the data layer uses on any prompt file.
+"""
+
+from __future__ import annotations
+
+import re
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def folded(text: str) -> str:
+    """A text with case and whitespace folded: two prompts that differ only so are one."""
+    return " ".join(text.lower().split())
+
+
+def word_set(text: str) -> frozenset[str]:
+    """Lower-case alphanumeric word tokens of a text."""
+    return frozenset(_WORD.findall(text.lower()))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard similarity of two word sets (1.0 for two empty sets)."""
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)

@@ -1,0 +1,100 @@
+"""The package's floors and its lack of import cycles, held by import-linter (.importlinter).
+
+The contracts run on the real tree, and on a copy with a planted upward import and a
+planted cycle, to show that a break fails the test command rather than passing unseen.
+Function-local imports of posttrain modules are allowed only where the imported module
+needs an optional extra, each with a comment that says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+# the issue's bound ("One house"): at most 20, each for an optional dependency
+MAX_DEFERRED_IMPORTS = 20
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """Run import-linter on ``tree`` (a folder holding ``.importlinter`` and ``posttrain/``)."""
+    # PYTHONPATH first, so the root package resolved is the tree's own copy
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _copy_of_package(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copy(ROOT / ".importlinter", tree / ".importlinter")
+    shutil.copytree(ROOT / "posttrain", tree / "posttrain",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+def _plant(module: Path, line: str) -> None:
+    text = module.read_text()
+    marker = "from __future__ import annotations\n"
+    assert marker in text
+    module.write_text(text.replace(marker, marker + line + "\n", 1))
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
+def test_the_contracts_hold_on_the_tree():
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
+def test_a_planted_upward_import_is_caught(tmp_path):
+    tree = _copy_of_package(tmp_path)
+    # the environment contract (floor 1) reaching up into the trainers (floor 6)
+    _plant(tree / "posttrain/envs/base.py", "from posttrain.train import settings  # noqa")
+    result = _lint_imports(tree)
+    assert result.returncode != 0
+    assert "posttrain.envs is not allowed to import posttrain.train" in result.stdout
+    assert "posttrain.envs.base -> posttrain.train.settings" in result.stdout
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
+def test_a_planted_cycle_inside_a_package_is_caught(tmp_path):
+    tree = _copy_of_package(tmp_path)
+    # stats is the bottom of score; passat imports it, so this closes a loop
+    _plant(tree / "posttrain/score/stats.py", "from posttrain.score import passat  # noqa")
+    result = _lint_imports(tree)
+    assert result.returncode != 0
+    assert "No cycles are allowed in posttrain.score." in result.stdout
+
+
+def _deferred_posttrain_imports() -> list[tuple[Path, int, str]]:
+    """Every ``from posttrain... import`` inside a function: (file, line, the line above)."""
+    found = []
+    for path in sorted((ROOT / "posttrain").rglob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if (isinstance(inner, ast.ImportFrom) and inner.module
+                        and inner.module.startswith("posttrain")):
+                    found.append((path, inner.lineno, lines[inner.lineno - 2].strip()))
+    return found
+
+
+def test_deferred_imports_are_few_and_each_says_why():
+    deferred = _deferred_posttrain_imports()
+    assert len(deferred) <= MAX_DEFERRED_IMPORTS, deferred
+    for path, line, above in deferred:
+        assert above.startswith("#"), (
+            f"{path.relative_to(ROOT)}:{line}: a function-local posttrain import needs a "
+            "comment on the line above saying which optional dependency it defers")
