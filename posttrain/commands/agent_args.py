@@ -9,7 +9,13 @@ import argparse
 from typing import Any
 
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import Env, env_hook
+from posttrain.envs.base import (
+    BehaviourHelp,
+    Env,
+    ScriptedAgentSource,
+    has_hook,
+    require_hook,
+)
 from posttrain.errors import PosttrainError
 from posttrain.policy.endpoint_agent import DEFAULT_MAX_TOKENS, EndpointAgent, EndpointSettings
 from posttrain.policy.loading import agent_for_model
@@ -125,8 +131,7 @@ def _default_behaviour_help() -> str:
     """The default environment's moves, for ``--help`` (it is not yet known which
     environment ``--env`` will name)."""
     env = get_env()
-    describe = getattr(env, "behaviour_help", None)
-    return f"for {DEFAULT_ENV}: {describe()}" if callable(describe) else ""
+    return f"for {DEFAULT_ENV}: {env.behaviour_help()}" if has_hook(env, BehaviourHelp) else ""
 
 
 def build_agent(args: argparse.Namespace, env: Env) -> Any:
@@ -142,8 +147,8 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
             raise PosttrainError("--sampler vllm samples a model: give --base-model")
         if args.base_model or args.adapter:
             raise PosttrainError("--base-model/--adapter need --agent model (or no --agent)")
-        scripted = env_hook(env, "scripted_agent", "has no scripted agent",
-                            "evaluate a model with --base-model")
+        scripted = require_hook(env, ScriptedAgentSource, "has no scripted agent",
+                                "evaluate a model with --base-model").scripted_agent
         behaviour = dict(args.behaviour)
         unknown = [name for name in behaviour if name not in env.categories]
         if unknown:

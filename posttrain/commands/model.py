@@ -99,7 +99,6 @@ def model_facts(name: str) -> dict[str, Any]:
     if is_starter_name(name):
         from dataclasses import asdict
 
-
         recipe = recipe_for(name)
         folder = starter_folder(name, recipe=recipe)
         facts.update(kind="starter", folder=str(folder), built=folder.is_dir())

@@ -20,7 +20,7 @@ from posttrain.data.prompts import (
 )
 from posttrain.data.writer import ANGLES, DEFAULT_ANGLES, WriterSettings, write_with_model
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import Env, env_hook
+from posttrain.envs.base import Env, PromptWriter, require_hook
 from posttrain.errors import PosttrainError
 from posttrain.policy.endpoint_agent import EndpointAgent
 from posttrain.policy.loading import agent_for_model
@@ -147,10 +147,10 @@ def run_write(args: argparse.Namespace) -> int:
     if args.prompts < 1:
         raise PosttrainError(f"--prompts must be at least 1, got {args.prompts}")
     env = get_env(args.env)
-    write_prompts = env_hook(
-        env, "write_prompts", "writes no prompts",
+    write_prompts = require_hook(
+        env, PromptWriter, "writes no prompts",
         'write them yourself as JSONL, one {"prompt": ..., "scenario_id": ...} a line',
-    )
+    ).write_prompts
     if args.writer and args.endpoint:
         raise PosttrainError("--writer and --endpoint both name a writer: give one")
     settings = None

@@ -18,7 +18,7 @@ from posttrain.data.prompts import (
     split_holdout_stratified,
     summary,
 )
-from posttrain.envs.base import Env, env_hook
+from posttrain.envs.base import Env, PromptSets, PromptWriter, env_label, require_hook
 from posttrain.errors import PosttrainError
 from posttrain.text import folded
 
@@ -112,9 +112,8 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
         records = load_prompts(config.prompts_file, env=env)
         source = f"{config.prompts_file} ({len(records)} prompts)"
     else:
-        write_prompts = env_hook(env, "write_prompts", "writes no prompts",
-                                 "give --prompts-file")
-        records = write_prompts(config.prompts, seed=config.seed)
+        writer = require_hook(env, PromptWriter, "writes no prompts", "give --prompts-file")
+        records = writer.write_prompts(config.prompts, seed=config.seed)
         source = f"template simulator, {config.prompts} situations, seed {config.seed}"
     if named is not None:
         return _with_named_holdout(config, records, source, named)
@@ -151,12 +150,12 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
 def named_prompt_set(env: Env, name: str) -> list[dict[str, Any]]:
     """The records of a prompt set the environment ships (its ``prompt_sets`` hook), or a
     ``PosttrainError`` that lists the names it has."""
-    sets = env_hook(env, "prompt_sets", "ships no named prompt sets",
-                    "split the holdout from the prompts with --holdout instead")()
+    sets = require_hook(env, PromptSets, "ships no named prompt sets",
+                        "split the holdout from the prompts with --holdout instead").prompt_sets()
     if name not in sets:
         shipped = ", ".join(sorted(sets)) or "none"
         raise PosttrainError(
-            f"--holdout-set {name!r}: environment {getattr(env, 'name', env)!r} ships no "
+            f"--holdout-set {name!r}: environment {env_label(env)} ships no "
             f"prompt set of that name (it ships: {shipped})"
         )
     return load_prompts(sets[name], env=env)

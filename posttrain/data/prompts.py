@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.envs import get_env
-from posttrain.envs.base import Env, case_of, field_problem, reads_records
+from posttrain.envs.base import Env, case_of, field_problem, record_fields
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.text import jaccard, word_set
@@ -93,12 +93,12 @@ def load_prompts(path: str | os.PathLike, *, env: Env | None = None) -> list[dic
     skipped. Raises ``InputFileError`` naming the file, line and field.
     """
     env = env or _default_env()
-    declared = dict(getattr(env, "record_fields", None) or {}) if reads_records(env) else {}
+    declared = record_fields(env)
     records = []
     for line_number, item in read_jsonl_objects(path):
         prompt, problem = prompt_text(item.get("prompt"))
-        if problem:
-            raise InputFileError(str(path), line_number, "prompt", problem)
+        if problem or prompt is None:
+            raise InputFileError(str(path), line_number, "prompt", problem or "missing")
         scenario_id = item.get("scenario_id", prompt)
         if isinstance(scenario_id, bool) or not isinstance(scenario_id, (str, int)):
             raise InputFileError(
@@ -151,7 +151,8 @@ def split_holdout(
     order is preserved on both sides. Seed-independent by design.
     """
     _check_fraction(fraction)
-    train, holdout = [], []
+    train: list[dict[str, Any]] = []
+    holdout: list[dict[str, Any]] = []
     for record in records:
         (holdout if _bucket(str(record["scenario_id"])) < fraction else train).append(record)
     return train, holdout
@@ -182,7 +183,8 @@ def split_holdout_stratified(
         count = len(ids)
         n_held = min(max(min(min_scenarios, count - 1), round(count * fraction)), max(0, count - 1))
         held.update((name, sid) for sid in ids[:n_held])
-    train, holdout = [], []
+    train: list[dict[str, Any]] = []
+    holdout: list[dict[str, Any]] = []
     for record in records:
         key = (record["category"], str(record["scenario_id"]))
         (holdout if key in held else train).append(record)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posttrain.envs.base import REQUIRED_MEMBERS, Env, passes, rewarded_features
+from posttrain.envs.base import Env, check_env, passes, rewarded_features
 from posttrain.errors import PosttrainError
 from posttrain.plugins import load_object
 
@@ -29,14 +29,7 @@ def get_env(name: str = DEFAULT_ENV) -> Env:
             f"unknown environment {name!r}: use one of {known}, or module:attribute "
             "(or file.py:attribute)"
         )
-    env = load_object(target, "--env", "my_rules.py:ENV")
-    if not isinstance(env, Env):
-        missing = [member for member in REQUIRED_MEMBERS if not hasattr(env, member)]
-        raise PosttrainError(
-            f"--env {name!r} is not an environment: it lacks {', '.join(missing) or '?'} "
-            "(see docs/environments.md, 'Write your own rule')"
-        )
-    return env
+    return check_env(load_object(target, "--env", "my_rules.py:ENV"), f"--env {name!r}")
 
 
 __all__ = ["BUILTIN_ENVS", "DEFAULT_ENV", "Env", "get_env", "passes", "rewarded_features"]

@@ -1,4 +1,4 @@
-"""The environment contract: what a rule needs to be trained against.
+"""The environment contract, whole: what a rule must provide and every optional hook.
 
 An environment is a small object with tools, a system prompt, a way to read
 the ground truth ("case") out of a prompt, and a reward that is a plain
@@ -6,52 +6,37 @@ function of the reply. A reply *passes* when its raw score is at least 1.0.
 A second environment is one new module that defines such an object and is
 registered in ``posttrain.envs`` (or named as ``module:attribute``).
 
-Optional hooks, each used by the commands that need it (``env_hook`` stops a
-command that needs a missing one with an error naming the flag that replaces it):
+``Env`` lists the required members. Each optional hook is a small protocol of its
+own below (``PromptWriter``, ``ReferenceAgentSource``, ``MultiTurnEnv`` ...), with the
+hook's signature and what it is for, so a type checker sees every call posttrain makes
+into an environment. Generic code reaches a hook through ``require_hook`` (the hook, or
+an error naming the flag that replaces it) or ``has_hook`` (a check that narrows the
+type); it never guesses with ``getattr``.
 
-- ``write_prompts(count, seed) -> list[dict]``: a prompt writer (records with
-  ``prompt``, ``scenario_id``, ``category``, ``case``); the recipes and ``posttrain
-  prompts write`` use it when no ``--prompts-file`` is given;
-- ``prompt_sets() -> dict[str, path]``: prompt sets the environment ships, by name;
-  ``--holdout-set NAME`` evaluates on one of them whole (``posttrain.data.prepare``);
-- ``scripted_agent(seed, behaviour) -> agent``: a scripted reference agent (no
-  model) for ``posttrain eval --agent seeded``; ``behaviour`` maps a category to
-  ``{move: probability}``; ``behaviour_help() -> str`` says which moves exist;
-- ``reference_agent(seed) -> agent``: an agent that makes the rule's right move, for
-  ``posttrain sft --demos reference`` (demonstrations on the train prompts);
-- ``constructed_negative(prompt, case) -> str | None``: a known-bad reply for a
-  prompt, for DPO's ``--constructed-negatives``;
-- ``rewarded_features``: what the reward pays for by design (``rewarded_features``
-  below), for the reward audit and the hack monitor;
-- ``record_fields`` and ``case_from_record(prompt, fields) -> case``: ground truth
-  from the data, when the text alone does not hold it (an expected answer, say).
-  ``record_fields`` maps a prompt-file column to its JSON type (``"string"``,
-  ``"number"``, ``"integer"``, ``"boolean"``, ``"object"``, ``"array"``); a prompt
-  file is validated against it on load, line by line, and the case is built from the
-  prompt and those columns (``case_of`` below) everywhere a reply is scored.
-
-``categories`` (required) names the prompt categories in display order.
-
-A *multi-turn* environment (``is_multi_turn``) adds ``max_turns`` and
-``new_desk(case)``: a fresh episode whose ``call(name, arguments) -> str`` executes
-one tool call and returns its result text, and whose ``done`` says the episode
-ended (a refund went through, say). The episode runner (``posttrain.score.episodes``)
-plays it: each policy turn with ``<tool_call>`` blocks is executed and the results
-go back as tool messages; a plain turn, ``done`` or ``max_turns`` ends it. Its
-``score``/``markers`` receive the policy's turns joined by ``wire.TURN_SEPARATOR``
-(the row's ``reply``) and must replay them rather than trust a result written in
-the text. ``episode_summary(reply, case)`` gives the row's turn and tool counts, and
-``trl_environment()`` the class GRPO hands TRL as ``environment_factory``.
+A *multi-turn* environment declares it (``multi_turn = True``) and provides
+``MultiTurnEnv``'s members: ``max_turns``, ``new_desk(case)`` (a fresh episode whose
+``call(name, arguments) -> str`` executes one tool call and whose ``done`` says the
+episode ended), ``episode_summary`` and ``trl_environment``. The episode runner
+(``posttrain.score.episodes``) plays it: each policy turn with ``<tool_call>`` blocks is
+executed and the results go back as tool messages; a plain turn, ``done`` or
+``max_turns`` ends it. Its ``score``/``markers`` receive the policy's turns joined by
+``wire.TURN_SEPARATOR`` (the row's ``reply``) and must replay them rather than trust a
+result written in the text. ``check_env`` (run by ``get_env``) refuses an object that has
+episode members without the declaration, or the declaration without the members.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, TypeGuard, TypeVar, cast, runtime_checkable
 
+from posttrain.agents import Agent
 from posttrain.errors import PosttrainError
 
 PASS_THRESHOLD = 1.0
+Case = dict[str, Any]
+Messages = list[dict[str, str]]
 
 
 @runtime_checkable
@@ -66,23 +51,23 @@ class Env(Protocol):
     #: the full system prompt: policy text, tool list and wire-format instruction
     system: str
 
-    def messages_for(self, prompt: str) -> list[dict[str, str]]:
+    def messages_for(self, prompt: str) -> Messages:
         """Chat messages (system, user) that the policy answers."""
         ...
 
-    def case_for(self, prompt: str) -> dict[str, Any]:
+    def case_for(self, prompt: str) -> Case:
         """Ground truth read from the prompt text alone (never trusted from a file)."""
         ...
 
-    def category(self, case: dict[str, Any]) -> str:
+    def category(self, case: Case) -> str:
         """The prompt category of a case, one of ``categories``."""
         ...
 
-    def score(self, reply: str, case: dict[str, Any]) -> float:
+    def score(self, reply: str, case: Case) -> float:
         """Raw rule score of the reply in [0, 1]; 1.0 or more is a pass."""
         ...
 
-    def markers(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
+    def markers(self, reply: str, case: Case) -> dict[str, float]:
         """Side measurements of the reply (0/1 floats), e.g. ``well_formed``."""
         ...
 
@@ -92,22 +77,236 @@ REQUIRED_MEMBERS = ("name", "categories", "tools", "system", "messages_for", "ca
                     "category", "score", "markers")
 
 
-def env_hook(env: Env, name: str, lacks: str, instead: str) -> Callable[..., Any]:
-    """The environment's optional hook ``name``, or a ``PosttrainError`` such as
+# ---------------------------------------------------------------- optional hooks
+
+
+@runtime_checkable
+class PromptWriter(Protocol):
+    """Writes prompts: the recipes and ``posttrain prompts write`` use it when no
+    ``--prompts-file`` is given."""
+
+    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``count`` situations' prompt records (``prompt``, ``scenario_id``, ``category``,
+        ``case``, optional ``seed``), the same for the same seed."""
+        ...
+
+
+@runtime_checkable
+class PromptSets(Protocol):
+    """Ships named prompt sets: ``--holdout-set NAME`` evaluates on one of them whole."""
+
+    def prompt_sets(self) -> Mapping[str, str | os.PathLike[str]]:
+        """Set name -> JSONL file of prompt records."""
+        ...
+
+
+@runtime_checkable
+class ScriptedAgentSource(Protocol):
+    """A no-model reference agent for ``posttrain eval --agent seeded``."""
+
+    def scripted_agent(self, seed: int = 0,
+                       behaviour: dict[str, dict[str, float]] | None = None) -> Agent:
+        """The seeded scripted agent; ``behaviour`` maps a category to ``{move:
+        probability}`` (None: the environment's default mix)."""
+        ...
+
+
+@runtime_checkable
+class BehaviourHelp(Protocol):
+    """Says which moves ``scripted_agent``'s ``behaviour`` may name (``--behaviour``)."""
+
+    def behaviour_help(self) -> str:
+        """One paragraph: the moves per category and the default mix."""
+        ...
+
+
+@runtime_checkable
+class ReferenceAgentSource(Protocol):
+    """The rule's right move on every prompt: ``posttrain sft --demos reference``."""
+
+    def reference_agent(self, seed: int = 0) -> Agent:
+        """An agent that makes the right move (demonstrations on the train prompts)."""
+        ...
+
+
+@runtime_checkable
+class ConstructedNegatives(Protocol):
+    """Known-bad replies for DPO's ``--constructed-negatives``."""
+
+    def constructed_negative(self, prompt: str, case: Case) -> str | None:
+        """A reply the rule must fail for this prompt, or None where there is none."""
+        ...
+
+
+@runtime_checkable
+class DeclaresRewardedFeatures(Protocol):
+    """What the reward pays for by design (``rewarded_features()`` below), for the reward
+    audit and the hack monitor."""
+
+    rewarded_features: Mapping[str, tuple[str, ...]]
+
+
+@runtime_checkable
+class ReadsRecordFields(Protocol):
+    """Ground truth from prompt-file columns, when the text alone does not hold it."""
+
+    #: prompt-file column -> JSON type (``"string"``, ``"number"``, ``"integer"``,
+    #: ``"boolean"``, ``"object"``, ``"array"``); a file is validated against it on load
+    record_fields: Mapping[str, str]
+
+    def case_from_record(self, prompt: str, fields: dict[str, Any]) -> Case:
+        """The case of a prompt from its text and its validated columns."""
+        ...
+
+
+@runtime_checkable
+class StarterDataSource(Protocol):
+    """What the from-scratch starter build needs of the rule (docs/policies.md)."""
+
+    def starter_data(self) -> Any:
+        """System prompt, warm-start dialogues, id spellings, copy probe, default mix and
+        gate ranges (the refund rule's: ``posttrain.envs.refund.starter_data``)."""
+        ...
+
+
+@runtime_checkable
+class DefaultBaseModel(Protocol):
+    """Names the starter the recipes use for this environment without ``--base-model``."""
+
+    starter_model: str
+
+
+@runtime_checkable
+class Desk(Protocol):
+    """One episode's tools (``MultiTurnEnv.new_desk``)."""
+
+    #: the episode ended (a refund went through, say)
+    done: bool
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Execute one tool call; its result text (an error is text too, never a raise)."""
+        ...
+
+
+@runtime_checkable
+class MultiTurnEnv(Env, Protocol):
+    """An environment that plays episodes (module docstring)."""
+
+    #: declared, never inferred: True for an environment that plays episodes
+    multi_turn: bool
+    max_turns: int
+
+    def new_desk(self, case: Case) -> Desk:
+        """A fresh episode for this case."""
+        ...
+
+    def episode_summary(self, reply: str, case: Case) -> dict[str, Any]:
+        """Turns, tool calls, failed calls and how the episode ended (a row's
+        ``episode``)."""
+        ...
+
+    def trl_environment(self) -> type:
+        """The class GRPO hands TRL as ``environment_factory`` (one per rollout)."""
+        ...
+
+
+@runtime_checkable
+class EpisodeStarterSource(DefaultBaseModel, Protocol):
+    """A multi-turn environment's own starter: a base starter continued on its episodes
+    (``posttrain.policy.starter_episodes``)."""
+
+    def starter_episode_spec(self) -> dict[str, Any]:
+        """The build's fields: ``base`` (the starter it continues) and ``pass_rates``
+        (``(category, low, high)`` gate ranges), plus any ``EpisodeStarterRecipe`` field."""
+        ...
+
+    def starter_dialogue(self, prompt: str, right: bool, rng: Any) -> tuple[str, str, list]:
+        """One warm-start episode: ``(prompt, move, turns)``; ``right`` asks for the right
+        move, else the behaviour mix."""
+        ...
+
+
+#: each hook protocol and the member a missing-hook error names
+HOOK_NAMES: dict[type, str] = {
+    PromptWriter: "write_prompts",
+    PromptSets: "prompt_sets",
+    ScriptedAgentSource: "scripted_agent",
+    BehaviourHelp: "behaviour_help",
+    ReferenceAgentSource: "reference_agent",
+    ConstructedNegatives: "constructed_negative",
+    DeclaresRewardedFeatures: "rewarded_features",
+    ReadsRecordFields: "case_from_record",
+    StarterDataSource: "starter_data",
+    DefaultBaseModel: "starter_model",
+    EpisodeStarterSource: "starter_episode_spec",
+    MultiTurnEnv: "new_desk",
+}
+
+HookT = TypeVar("HookT")
+
+
+def env_label(env: object) -> str:
+    """The environment's name for messages (its ``repr`` when it has none)."""
+    return repr(getattr(env, "name", env))
+
+
+def has_hook(env: object, hook: type[HookT]) -> TypeGuard[HookT]:
+    """Does ``env`` provide the optional hook ``hook`` (one of the protocols above)? A
+    member that is there but not callable where a method is due does not count."""
+    if hook is MultiTurnEnv:
+        return is_multi_turn(env)
+    if not isinstance(env, hook):
+        return False
+    member = getattr(env, HOOK_NAMES[hook])
+    return callable(member) or hook in (DeclaresRewardedFeatures, DefaultBaseModel)
+
+
+def require_hook(env: object, hook: type[HookT], lacks: str, instead: str) -> HookT:
+    """``env`` typed as providing ``hook``, or a ``PosttrainError`` such as
     "environment 'shout' writes no prompts (no write_prompts hook): give --prompts-file"
     (``lacks`` = "writes no prompts", ``instead`` = "give --prompts-file")."""
-    hook = getattr(env, name, None)
-    if not callable(hook):
+    if not has_hook(env, hook):
         raise PosttrainError(
-            f"environment {getattr(env, 'name', env)!r} {lacks} (no {name} hook): {instead}"
+            f"environment {env_label(env)} {lacks} (no {HOOK_NAMES[hook]} hook): {instead}")
+    return cast(HookT, env)  # has_hook checked the protocol at run time
+
+
+def is_multi_turn(env: object) -> TypeGuard[MultiTurnEnv]:
+    """Does the environment declare that it plays episodes (``multi_turn = True``)?"""
+    return getattr(env, "multi_turn", False) is True
+
+
+def as_multi_turn(env: Env) -> MultiTurnEnv:
+    """``env`` typed as a multi-turn environment; PosttrainError when it is not one."""
+    return require_hook(env, MultiTurnEnv, "plays no episodes",
+                        "declare multi_turn = True with max_turns and new_desk")
+
+
+def check_env(env: object, where: str) -> Env:
+    """``env`` as an ``Env``, or a PosttrainError naming what it lacks (``where``: how the
+    user named it, e.g. ``--env 'my_rules.py:ENV'``). A multi-turn environment must
+    declare itself and have every episode member; episode members without the
+    declaration are refused too, since they would silently be played as single replies."""
+    if not isinstance(env, Env):
+        missing = [member for member in REQUIRED_MEMBERS if not hasattr(env, member)]
+        raise PosttrainError(
+            f"{where} is not an environment: it lacks {', '.join(missing) or '?'} "
+            "(see docs/environments.md, 'Write your own rule')"
         )
-    return hook
-
-
-def is_multi_turn(env: Env) -> bool:
-    """Does the environment play episodes (``max_turns`` and ``new_desk``)?"""
-    return callable(getattr(env, "new_desk", None)) and isinstance(
-        getattr(env, "max_turns", None), int)
+    episode_members = ("max_turns", "new_desk", "episode_summary", "trl_environment")
+    present = [member for member in episode_members if hasattr(env, member)]
+    if is_multi_turn(env):
+        missing = [member for member in episode_members if member not in present]
+        if missing or not isinstance(env.max_turns, int):
+            raise PosttrainError(
+                f"{where} declares multi_turn = True but lacks "
+                f"{', '.join(missing) or 'an integer max_turns'} (docs/environments.md, "
+                "'multi-turn')")
+    elif "new_desk" in present:
+        raise PosttrainError(
+            f"{where} has new_desk but does not declare multi_turn = True: declare it to "
+            "play episodes (docs/environments.md, 'multi-turn')")
+    return env
 
 
 def require_single_turn(env: Env, what: str) -> None:
@@ -115,7 +314,7 @@ def require_single_turn(env: Env, what: str) -> None:
     environment, saying what to use instead."""
     if is_multi_turn(env):
         raise PosttrainError(
-            f"{what} works on single replies and environment {getattr(env, 'name', env)!r} "
+            f"{what} works on single replies and environment {env_label(env)} "
             "plays multi-turn episodes: train it with `posttrain grpo`, measure it with "
             "`posttrain eval`")
 
@@ -127,10 +326,16 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def reads_records(env: Env) -> bool:
+def record_fields(env: object) -> dict[str, str]:
+    """The prompt-file columns the environment reads (``ReadsRecordFields``), or {}."""
+    if has_hook(env, ReadsRecordFields):
+        return dict(env.record_fields or {})
+    return {}
+
+
+def reads_records(env: object) -> bool:
     """Does the environment build its cases from prompt-file columns?"""
-    return bool(getattr(env, "record_fields", None)) and callable(
-        getattr(env, "case_from_record", None))
+    return bool(record_fields(env))
 
 
 def field_problem(kind: str, value: Any) -> str | None:
@@ -148,7 +353,7 @@ def field_problem(kind: str, value: Any) -> str | None:
 def case_of(env: Env, record: Mapping[str, Any]) -> dict[str, Any]:
     """The case of a prompt record or graded row: from its columns when the environment
     reads them (``record["fields"]``, validated on load), else from the prompt text."""
-    if reads_records(env):
+    if has_hook(env, ReadsRecordFields) and reads_records(env):
         if "case" in record:
             return dict(record["case"])
         return env.case_from_record(record["prompt"], dict(record.get("fields") or {}))
@@ -173,7 +378,7 @@ def rewarded_features(env: Env, category: str | None = None) -> tuple[str, ...]:
     ``category=None`` gives every declared feature. An environment without the
     attribute declares nothing.
     """
-    declared = getattr(env, "rewarded_features", None) or {}
+    declared = (env.rewarded_features or {}) if has_hook(env, DeclaresRewardedFeatures) else {}
     if category is None:
         return tuple(dict.fromkeys(name for names in declared.values() for name in names))
     return tuple(dict.fromkeys([*declared.get(ALL_CATEGORIES, ()), *declared.get(category, ())]))

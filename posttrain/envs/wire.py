@@ -72,8 +72,13 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]] | None:
     blocks = _TOOL_CALL_BLOCK.findall(text)
     if text.count(TOOL_CALL_OPEN) != len(blocks):
         return None
-    calls = [parse_tool_call(f"{TOOL_CALL_OPEN}{block}</tool_call>") for block in blocks]
-    return None if any(call is None for call in calls) else calls  # type: ignore[return-value]
+    calls = []
+    for block in blocks:
+        call = parse_tool_call(f"{TOOL_CALL_OPEN}{block}</tool_call>")
+        if call is None:
+            return None
+        calls.append(call)
+    return calls
 
 
 def join_turns(turns: list[str]) -> str:

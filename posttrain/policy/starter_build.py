@@ -58,10 +58,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import env_hook
+from posttrain.envs.base import StarterDataSource, require_hook
 from posttrain.policy.copy_circuit import CopyCircuit, id_token_ids, wire_copy_circuit
 from posttrain.policy.models import FROZEN_MODULES_KEY
 from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec, probe_policy
@@ -98,8 +98,9 @@ def starter_data(env_name: str = DEFAULT_ENV) -> Any:
     """The build data of environment ``env_name`` (its ``starter_data`` hook): system
     prompt, dialogues, id spellings, copy probe, default mix and gate ranges."""
     env = get_env(env_name)
-    return env_hook(env, "starter_data", "has no starter build data",
-                    "build the starter from an environment that has (the default)")()
+    return require_hook(env, StarterDataSource, "has no starter build data",
+                        "build the starter from an environment that has (the default)"
+                        ).starter_data()
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,8 @@ def new_model(
 
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = LlamaConfig(
+    # a plain dict: LlamaConfig takes rope_theta through **kwargs, which its stubs omit
+    config_fields: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=architecture.hidden_size,
         intermediate_size=architecture.intermediate_size,
@@ -298,6 +300,7 @@ def new_model(
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
+    config = LlamaConfig(**config_fields)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = eos_id
@@ -343,7 +346,20 @@ def _encode_rows(
     return encoded
 
 
-def learning_rate_at(step: int, recipe: StarterRecipe) -> float:
+class LearningSchedule(Protocol):
+    """What ``learning_rate_at`` reads of a recipe (both kinds of starter recipe have it)."""
+
+    @property
+    def learning_rate(self) -> float: ...
+
+    @property
+    def warmup_steps(self) -> int: ...
+
+    @property
+    def total_steps(self) -> int: ...
+
+
+def learning_rate_at(step: int, recipe: LearningSchedule) -> float:
     """Linear warm-up to ``learning_rate``, then cosine to zero at the last step."""
     if step < recipe.warmup_steps:
         return recipe.learning_rate * (step + 1) / recipe.warmup_steps

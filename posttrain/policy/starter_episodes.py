@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.envs import BUILTIN_ENVS, get_env
+from posttrain.envs.base import Env, EpisodeStarterSource, PromptWriter, has_hook, require_hook
 from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
@@ -93,14 +94,18 @@ def episode_recipes() -> dict[str, EpisodeStarterRecipe]:
     recipes = {}
     for env_name in BUILTIN_ENVS:
         env = get_env(env_name)
-        spec = getattr(env, "starter_episode_spec", None)
-        if not callable(spec):
+        if not has_hook(env, EpisodeStarterSource):
             continue
-        fields = dict(spec())
+        fields = dict(env.starter_episode_spec())
         ranges = tuple(CategoryRange(*bounds) for bounds in fields.pop("pass_rates", ()))
-        recipes[env.starter_model] = EpisodeStarterRecipe(  # type: ignore[attr-defined]
-            name=env.starter_model, env=env_name, pass_rates=ranges, **fields)  # type: ignore[attr-defined]
+        recipes[env.starter_model] = EpisodeStarterRecipe(
+            name=env.starter_model, env=env_name, pass_rates=ranges, **fields)
     return recipes
+
+
+def _prompt_writer(env: Env) -> PromptWriter:
+    return require_hook(env, PromptWriter, "writes no prompts for an episode starter",
+                        "use another --base-model")
 
 
 def encode_episode(tokenizer: Any, messages: list[dict[str, Any]], turns: list[dict[str, Any]]
@@ -160,11 +165,11 @@ def train_episodes(model: Any, tokenizer: Any, circuit: Any, recipe: EpisodeStar
     """The warm start on episodes (module docstring); returns losses and move counts."""
     import torch
 
-
     env = get_env(recipe.env)
-    dialogue = env.starter_dialogue  # type: ignore[attr-defined]
+    dialogue = require_hook(env, EpisodeStarterSource, "has no episode starter",
+                            "use another --base-model").starter_dialogue
     prompts = [record["prompt"] for record in
-               env.write_prompts(recipe.corpus_situations, recipe.data_seed)]  # type: ignore[attr-defined]
+               _prompt_writer(env).write_prompts(recipe.corpus_situations, recipe.data_seed)]
     order_rng, draw_rng = random.Random(seed), random.Random(seed + 2)
     hooks = circuit.freeze_attention(model) if circuit is not None else []
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate,
@@ -215,7 +220,7 @@ def probe_episodes(model: Any, tokenizer: Any, recipe: EpisodeStarterRecipe) -> 
                     dtype="float32")
     agent = ModelAgent(policy, SamplingParams(temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P,
                                               max_new_tokens=64))
-    records = env.write_prompts(recipe.probe_prompts, PROBE_SEED)  # type: ignore[attr-defined]
+    records = _prompt_writer(env).write_prompts(recipe.probe_prompts, PROBE_SEED)
     rows = grade(env, records, agent, PROBE_SAMPLES, seed=PROBE_SEED)
     rates = {}
     for name in env.categories:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from posttrain.envs import BUILTIN_ENVS, get_env
+from posttrain.envs.base import EpisodeStarterSource, has_hook
 
 #: the starters built from scratch (one recipe each in ``starter_build.RECIPES``)
 BASE_STARTER_NAMES = ("starter", "starter-2m")
@@ -30,8 +31,8 @@ def episode_starter_envs() -> dict[str, str]:
     named = {}
     for env_name in BUILTIN_ENVS:
         env = get_env(env_name)
-        if callable(getattr(env, "starter_episode_spec", None)):
-            named[env.starter_model] = env_name  # type: ignore[attr-defined]
+        if has_hook(env, EpisodeStarterSource):
+            named[env.starter_model] = env_name
     return named
 
 

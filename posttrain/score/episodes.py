@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.agents import BatchAgent, Messages
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, as_multi_turn
 from posttrain.envs.wire import join_turns, parse_tool_calls
 
 
@@ -67,12 +67,13 @@ def play_episodes(
 ) -> list[PlayedEpisode]:
     """Play one episode per ``(messages, case, seed)``; results in the same order.
     ``on_turn(finished)`` is called after each round with the episodes finished so far."""
+    episodes = as_multi_turn(env)
     _prepare(agent)
-    desks = [env.new_desk(case) for _, case, _ in starts]
+    desks = [episodes.new_desk(case) for _, case, _ in starts]
     conversations = [list(messages) for messages, _, _ in starts]
     played = [PlayedEpisode() for _ in starts]
     active = list(range(len(starts)))
-    max_turns = int(env.max_turns)  # type: ignore[attr-defined]
+    max_turns = int(episodes.max_turns)
     for _round in range(max_turns):
         if not active:
             break

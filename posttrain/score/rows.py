@@ -94,8 +94,8 @@ def grade_replies(
             }
         )
         if episodes:
-            summary = getattr(env, "episode_summary", None)
-            rows[-1]["episode"] = summary(reply, case) if callable(summary) else {}
+            rows[-1]["episode"] = (env.episode_summary(reply, case) if is_multi_turn(env)
+                                   else {})
             rows[-1]["transcript"] = list(transcripts[index]) if transcripts else []
     return rows
 
@@ -169,7 +169,7 @@ def _grade_episodes(env: Env, requests: list[tuple[dict[str, Any], int, int]], a
                          transcripts=[episode.transcript for episode in played])
 
 
-_REQUIRED_ROW_FIELDS = {
+_REQUIRED_ROW_FIELDS: dict[str, type | tuple[type, ...]] = {
     "prompt": str,
     "scenario_id": (str, int),
     "reward": (int, float),

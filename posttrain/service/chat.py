@@ -307,7 +307,6 @@ class ChatModels:
         if name not in self._exports:
             from peft import PeftModel
 
-
             while len(self._exports) >= 2:  # keep the last two adapters loaded
                 self._exports.pop(next(iter(self._exports)))
             model = PeftModel.from_pretrained(shared_copy(self.engine.policy.model), str(folder))

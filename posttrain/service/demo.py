@@ -33,7 +33,13 @@ from typing import Any
 from posttrain.agents import stable_seed
 from posttrain.data.prompts import load_prompts, split_holdout_stratified
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import Env, case_of, env_hook, require_single_turn
+from posttrain.envs.base import (
+    Env,
+    PromptWriter,
+    case_of,
+    require_hook,
+    require_single_turn,
+)
 from posttrain.score.delta import delta
 from posttrain.score.passat import pass_at
 from posttrain.score.rows import grade_replies, save_rows
@@ -147,9 +153,8 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
     if settings.prompts_file:
         records = load_prompts(settings.prompts_file, env=env)
     else:
-        write_prompts = env_hook(env, "write_prompts", "writes no prompts",
-                                 "give --prompts-file")
-        records = write_prompts(settings.prompts, seed=settings.seed)
+        writer = require_hook(env, PromptWriter, "writes no prompts", "give --prompts-file")
+        records = writer.write_prompts(settings.prompts, seed=settings.seed)
     train, holdout = split_holdout_stratified(records, settings.holdout)
     evaluated = _pick(holdout, settings.eval_prompts)
 

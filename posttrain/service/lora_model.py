@@ -88,7 +88,6 @@ def new_peft_model(base: Any, spec: LoraSpec) -> Any:
     import torch
     from peft import get_peft_model
 
-
     config = lora_config(base, spec.rank, spec.alpha, spec.target_modules)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # LoRA on a tied unembedding: its delta acts on the output projection alone, which

@@ -114,7 +114,6 @@ class TinkerSampling:
     def _load_adapter(self, source: SamplerSource) -> Any:
         import torch
 
-
         base = self.engine.policy.model
         folder = self.folder(source)
         if source.kind == "sampler_weights":
@@ -186,7 +185,6 @@ class TinkerSampling:
     def _prompt_logprobs(self, model: Any, prompt: list[int], last_n: int | None
                          ) -> list[float | None]:
         import torch
-
 
         values: list[float | None] = [None]
         if len(prompt) > 1:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.envs.base import Env, env_hook
+from posttrain.envs.base import Env, ReferenceAgentSource, require_hook
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects
 from posttrain.score.rows import grade
@@ -144,9 +144,9 @@ def reference_demos(env: Env, records: Sequence[dict[str, Any]], per_prompt: int
     """``per_prompt`` replies per record from the environment's reference agent (the
     ``reference_agent(seed)`` hook), graded by the rule: only passing replies are kept,
     identical ones once."""
-    make_agent = env_hook(env, "reference_agent", "has no reference agent",
+    source = require_hook(env, ReferenceAgentSource, "has no reference agent",
                           "give --demos FILE (a JSONL of conversations)")
-    rows = grade(env, list(records), make_agent(seed), k=per_prompt, seed=seed,
+    rows = grade(env, list(records), source.reference_agent(seed), k=per_prompt, seed=seed,
                  progress=progress)
     report = DemoReport(source=f"the reference agent of {env.name!r}", read=len(rows))
     demos: list[Demo] = []

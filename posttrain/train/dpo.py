@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import require_single_turn
+from posttrain.envs.base import ConstructedNegatives, has_hook, require_single_turn
 from posttrain.errors import PosttrainError
 from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
@@ -203,8 +203,7 @@ class DPOSettings(RecipeSettings):
         the environment has no ``constructed_negative`` hook."""
         if self.constructed_negatives is not None:
             return self.constructed_negatives
-        has_hook = env is None or callable(getattr(env, "constructed_negative", None))
-        return not self.pairs and has_hook
+        return not self.pairs and (env is None or has_hook(env, ConstructedNegatives))
 
     def resolved_defaults(self, parameters: int) -> dict[str, Any]:
         return {"beta": self.resolved_beta(parameters),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
 from posttrain.policy.models import Policy, lora_config
@@ -69,17 +69,18 @@ def build_grpo_trainer(
     from trl import GRPOConfig, GRPOTrainer
 
     output_dir = output_dir or tempfile.mkdtemp(prefix="posttrain-grpo-")
-    multi_turn = is_multi_turn(env)
     episode_kwargs: dict[str, Any] = {}
-    if multi_turn:
+    max_turns = None
+    if is_multi_turn(env):
         # TRL's own tool loop plays the episodes: the desk class as environment_factory,
         # tool results masked out of the loss (reference/multiturn-spike.md)
         enable_tool_turns(policy.tokenizer, policy.name)
-        episode_kwargs["environment_factory"] = env.trl_environment()  # type: ignore[attr-defined]
+        episode_kwargs["environment_factory"] = env.trl_environment()
+        max_turns = env.max_turns
     with quiet_transformers_warnings():  # the config itself warns about checkpointing
         config = GRPOConfig(
             **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
-                                 max_turns=env.max_turns if multi_turn else None,  # type: ignore[attr-defined]
+                                 max_turns=max_turns,
                                  world_size=world_size)
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
@@ -135,8 +136,7 @@ def generation_share(history: list[dict[str, Any]]) -> float | None:
 def train_grpo(context: RecipeContext) -> TrainOutcome:
     """The GRPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
 
-
-    settings: GRPOSettings = context.settings
+    settings = cast(GRPOSettings, context.settings)
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run)
@@ -181,8 +181,9 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
     )
     trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
-    if signal_watch.describe():
-        context.say(signal_watch.describe())
+    signal_line = signal_watch.describe()
+    if signal_line:
+        context.say(signal_line)
     share = generation_share(trainer.state.log_history)
     if share is not None:
         context.say(f"generation took {share:.0%} of the training steps' time"

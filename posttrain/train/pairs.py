@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.agents import stable_seed
-from posttrain.envs.base import Env, case_of, env_hook, passes
+from posttrain.envs.base import ConstructedNegatives, Env, case_of, passes, require_hook
 from posttrain.envs.wire import parse_tool_call, render_tool_call
 from posttrain.errors import InputFileError
 from posttrain.jsonl import numbered_lines, strict_json_loads, write_jsonl_atomic
@@ -374,8 +374,8 @@ def constructed_negatives(
     of ``max_pairs`` is kept (every k-th, in prompt order), so the cap does not favour
     the first prompts. Raises ``PosttrainError`` when the environment has no hook.
     """
-    negative_for = env_hook(env, "constructed_negative", "knows no bad reply to pair against",
-                            "drop --constructed-negatives")
+    negative_for = require_hook(env, ConstructedNegatives, "knows no bad reply to pair against",
+                                "drop --constructed-negatives").constructed_negative
     best: dict[str, dict[str, Any]] = {}
     for index, row in enumerate(rows):
         _check_row(index, row)
@@ -509,10 +509,9 @@ def load_pairs(
         except (ValueError, RecursionError) as error:
             problem = (None, f"not valid JSON ({error})")
         if problem is not None:
-            error = InputFileError(str(path), line_number, problem[0], problem[1])
             if not skip_invalid:
                 raise InputFileError(str(path), line_number, problem[0], problem[1] + hint)
-            skipped.append(str(error))
+            skipped.append(str(InputFileError(str(path), line_number, problem[0], problem[1])))
             continue
         pairs.append(pair_record(item))
     if not pairs:

@@ -21,11 +21,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import case_of, rewarded_features
+from posttrain.envs.base import DefaultBaseModel, case_of, has_hook, rewarded_features
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
 from posttrain.policy.loading import load_policy
@@ -40,6 +40,9 @@ from posttrain.train.measure import evaluate_policy, finish_summary
 from posttrain.train.rewards import RuleReward, load_reward_function
 from posttrain.train.settings import RecipeSettings, check_recipe_settings
 from posttrain.ui.announce import local_dashboard_url
+
+#: a recipe's own settings class (GRPOSettings, DPOSettings, SFTSettings)
+SettingsT = TypeVar("SettingsT", bound=RecipeSettings)
 
 #: the base model of a recipe whose environment names no starter of its own
 DEFAULT_STARTER = "starter"
@@ -71,6 +74,7 @@ def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]
         # a DPO round-two run saved its merged base: stack on top of it
         policy = load_policy(str(merged_base))
     else:
+        assert settings.base_model is not None, "run_recipe names the base model first"
         policy = load_policy(settings.base_model)
     if from_folder is not None:
         policy = merge_adapter(load_adapter(policy, from_folder.adapter))
@@ -121,12 +125,12 @@ def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
 
 def run_recipe(
     recipe: str,
-    settings: RecipeSettings,
+    settings: SettingsT,
     *,
-    check: Callable[[RecipeSettings], None],
+    check: Callable[[SettingsT], None],
     train: Callable[[RecipeContext], TrainOutcome],
     say: Callable[[str], None] = print,
-    check_data: Callable[[RecipeSettings, PreparedData], None] | None = None,
+    check_data: Callable[[SettingsT, PreparedData], None] | None = None,
 ) -> dict[str, Any]:
     """Run one recipe end to end (see module docstring); returns the summary dict.
 
@@ -150,7 +154,8 @@ def run_recipe(
             settings.base_model = from_run_base_model(root, settings.from_run,
                                                       settings.base_model)
         if settings.base_model is None:  # the environment's own starter, else the starter
-            settings.base_model = getattr(env, "starter_model", None) or DEFAULT_STARTER
+            settings.base_model = (env.starter_model if has_hook(env, DefaultBaseModel)
+                                   and env.starter_model else DEFAULT_STARTER)
         custom_reward = getattr(settings, "reward", None)
         reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
         data = prepare_data(settings.data_config(), env)

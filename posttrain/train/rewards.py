@@ -106,7 +106,7 @@ class RuleReward:
         scenario_id: list[str],
         case: list[str] | None = None,
         **_: Any,
-    ) -> list[float]:
+    ) -> list[float | None]:
         """TRL's call: one score per completion. ``case`` is the dataset's JSON column of
         ground truth, there when the environment reads prompt-file columns."""
         rows = []

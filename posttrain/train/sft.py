@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import is_multi_turn
+from posttrain.envs.base import ReferenceAgentSource, is_multi_turn, require_hook
 from posttrain.errors import PosttrainError
 from posttrain.train.demos import REFERENCE, load_demos
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
@@ -99,11 +99,8 @@ def check_sft_settings(settings: SFTSettings) -> None:
                 f"--demos reference writes single replies; {env.name!r} plays episodes: give "
                 "--demos FILE with whole conversations (tool calls and tool results)"
             )
-        if not callable(getattr(env, "reference_agent", None)):
-            raise PosttrainError(
-                f"environment {env.name!r} has no reference agent (no reference_agent hook): "
-                "give --demos FILE (a JSONL of conversations)"
-            )
+        require_hook(env, ReferenceAgentSource, "has no reference agent",
+                     "give --demos FILE (a JSONL of conversations)")
     else:
         if not Path(settings.demos).is_file():
             raise PosttrainError(

@@ -105,6 +105,7 @@ def _reply(behaviour: str, order_id: str | None, rng: random.Random) -> str:
     if behaviour == "lookup":
         return _tool_block("lookup_order", {"order_id": order_id})
     if behaviour == "wrong_id":
+        assert order_id is not None, "wrong_id is a move on prompts that give an id"
         return _tool_block("lookup_order", {"order_id": _garbled(order_id, rng)})
     if behaviour == "refund_first":
         amount = rng.choice((9.99, 15.0, 20.0, 24.5, 39.0, 49.99, 60.0))

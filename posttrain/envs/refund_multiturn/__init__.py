@@ -56,6 +56,7 @@ class RefundMultiturnEnv:
     categories: tuple[str, ...] = CATEGORIES
     tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
     system: str = SYSTEM
+    multi_turn: bool = True
     max_turns: int = MAX_TURNS
     #: the base model recipes use for this environment when --base-model is not given
     starter_model: str = "starter-multiturn"

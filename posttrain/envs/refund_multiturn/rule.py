@@ -214,7 +214,9 @@ def score_episode(episode: Episode, case: dict[str, Any]) -> float:
         else:
             base = 0.1 if episode.ended == "reply" and "?" in reply else 0.0
         return round(max(0.0, base - FAILED_CALL_COST * episode.failed_calls), 3)
-    order = order_for(desk.own_id)  # type: ignore[arg-type]
+    # every case past the two branches above names its order (with an id, or told one)
+    assert desk.own_id is not None
+    order = order_for(desk.own_id)
     if not desk.looked_up:
         base = 0.2 if situation == "no_id" else 0.0  # no_id here: the customer was asked
     elif order.refundable:
