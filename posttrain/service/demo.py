@@ -43,6 +43,7 @@ from posttrain.envs.base import (
 from posttrain.score.delta import delta
 from posttrain.score.passat import pass_at
 from posttrain.score.rows import grade_replies, save_rows
+from posttrain.score.rubric import rule_rubric
 from posttrain.service import algorithms
 from posttrain.service.api import start_server
 from posttrain.service.client import Run, ServiceClient
@@ -173,8 +174,11 @@ def _demo(client: ServiceClient, settings: DemoSettings, say: Callable[[str], No
                   for i in range(settings.groups_per_cycle)]
         return [cache.setdefault(i, request_for(train[i])) for i in picked]
 
+    # the same reward pipeline as posttrain grpo: the environment's rule as a rubric
+    rubric = rule_rubric(env)
+
     def reward(tokens: list[int], request: dict[str, Any]) -> float:
-        return env.score(client.detokenize(tokens), request["case"])
+        return rubric.score(client.detokenize(tokens), request["case"])
 
     loop = LoopSettings(
         cycles=settings.cycles, num_samples=settings.num_samples,

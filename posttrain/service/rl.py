@@ -27,13 +27,13 @@ mean absolute difference between the sampler's logprobs and the trainer's (from 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.score.rubric import all_zero, group_mean_advantages, leave_one_out_advantages
 from posttrain.service.client import AdamParams, Run, ServiceClient
 
 BuildLoss = Callable[[dict, int, dict, "LoopContext"], dict]
@@ -48,40 +48,8 @@ class AlgorithmNotExpressible(PosttrainError):
 
 
 # ---------------------------------------------------------------- helpers (pure)
-
-
-def group_mean_advantages(rewards: Sequence[float], normalize_std: bool = True) -> list[float]:
-    """GRPO advantages of one group: ``r - mean(r)``, divided by the group's standard
-    deviation (population, over the G samples) when ``normalize_std``.
-
-    A uniform group gives all zeros (never a division by zero). ``normalize_std=False`` is
-    Dr. GRPO's choice: the std scaling up-weights nearly uniform groups.
-    """
-    if not rewards:
-        raise ValueError("a group needs at least one reward")
-    mean = sum(rewards) / len(rewards)
-    centred = [r - mean for r in rewards]
-    if not normalize_std:
-        return centred
-    std = math.sqrt(sum(c * c for c in centred) / len(centred))
-    return [c / std if std > 1e-12 else 0.0 for c in centred]
-
-
-def leave_one_out_advantages(rewards: Sequence[float]) -> list[float]:
-    """RLOO advantages: each reward minus the mean of the *other* rewards of its group.
-
-    Equal to ``G / (G - 1) * (r - mean(r))``; needs at least two samples.
-    """
-    count = len(rewards)
-    if count < 2:
-        raise ValueError("leave-one-out needs at least two samples per group")
-    total = sum(rewards)
-    return [r - (total - r) / (count - 1) for r in rewards]
-
-
-def all_zero(advantages: Sequence[float], tolerance: float = 1e-12) -> bool:
-    """True when every advantage is (numerically) zero: no gradient signal."""
-    return all(abs(a) <= tolerance for a in advantages)
+# the advantages (group_mean_advantages, leave_one_out_advantages, all_zero) are the
+# reward pipeline's, defined once in posttrain.score.rubric and re-exported here
 
 
 def rl_datum(
@@ -447,3 +415,11 @@ def _cycle(run: Run, algorithm: Algorithm, requests: Sequence[dict[str, Any]], c
         seconds=time.monotonic() - started,
     )
     return report
+
+
+# the caller helpers of the seed's primitives page, importable from here as before
+__all__ = [
+    "AlgorithmNotExpressible", "LoopContext", "LoopReport", "LoopSettings", "NoGradientSignal",
+    "all_zero", "forward_backward_payload", "group_mean_advantages", "leave_one_out_advantages",
+    "rl_datum", "run_rl_loop", "weighted_datum",
+]

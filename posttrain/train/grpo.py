@@ -34,6 +34,7 @@ from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
+from posttrain.score.rubric import trl_scale_rewards
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
@@ -264,7 +265,8 @@ def grpo_config_kwargs(
         "beta": settings.beta,
         "loss_type": settings.loss_type,
         "epsilon_high": settings.epsilon_high or None,
-        "scale_rewards": "none" if settings.no_scale_rewards else "group",
+        # the advantage's std scaling: TRL computes the advantages itself (score/rubric.py)
+        "scale_rewards": trl_scale_rewards(normalize_std=not settings.no_scale_rewards),
         "mask_truncated_completions": settings.mask_truncated,
         "temperature": settings.temperature,
         "top_p": settings.top_p,

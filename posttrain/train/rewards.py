@@ -14,8 +14,6 @@ previous look, which this object keeps.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +21,10 @@ from posttrain.envs.base import Env, is_multi_turn, passes
 from posttrain.envs.wire import join_turns, render_tool_call
 from posttrain.errors import PosttrainError
 from posttrain.plugins import load_object
+from posttrain.score.rubric import RewardFunction, Rubric, training_rubric
 
-ScoreFn = Callable[[str, dict[str, Any]], float]
+#: the ``--reward`` function: ``fn(reply, case) -> float`` (a rubric's reward function)
+ScoreFn = RewardFunction
 
 
 def load_reward_function(target: str) -> ScoreFn:
@@ -71,33 +71,29 @@ def completion_text(completion: Any, multi_turn: bool = False) -> str:
 
 @dataclass
 class RuleReward:
-    """Callable reward for TRL. ``last_batch`` holds the graded rows of the latest call,
-    ``history`` every row scored so far (the monitor scans the part since its last look).
-    ``score``: the training reward ``fn(reply, case)``; None is the environment's rule."""
+    """Callable reward for TRL, scoring through a ``Rubric`` (``posttrain.score.rubric``):
+    the environment's rule, or ``score`` (``--reward``) when given. ``last_batch`` holds the
+    graded rows of the latest call, ``history`` every row scored so far (the monitor scans
+    the part since its last look)."""
 
     env: Env
     score: ScoreFn | None = None
     last_batch: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
+    rubric: Rubric = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rubric = training_rubric(self.env, self.score)
 
     @property
     def __name__(self) -> str:  # TRL names the logged metric rewards/<__name__>/mean
-        return "rule" if self.score is None else "reward"
+        return self.rubric.name
 
     def score_reply(self, reply: str, case: dict[str, Any]) -> float:
-        """The training reward of one reply; a custom function must return a finite number."""
-        if self.score is None:
-            return self.env.score(reply, case)
-        value = self.score(reply, case)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value
-        ):
-            raise PosttrainError(
-                f"the training reward returned {value!r} for a reply; it must return a "
-                "finite number"
-            )
-        return float(value)
+        """The training reward of one reply (the rubric's score); PosttrainError when a
+        reward function returns anything but a finite number."""
+        return self.rubric.score(reply, case)
 
     def __call__(
         self,
