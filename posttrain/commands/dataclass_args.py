@@ -47,9 +47,11 @@ def add_dataclass_args(
     *,
     skip: tuple = (),
     only: tuple | None = None,
+    aliases: dict[str, tuple[str, ...]] | None = None,
 ) -> None:
     """Add one flag per field of ``cls``: those in ``only`` (all by default) minus ``skip``;
-    fields without ``help`` metadata are skipped."""
+    fields without ``help`` metadata are skipped. ``aliases`` gives a field more flag
+    names in this one command (``{"data_seed": ("--seed",)}``)."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         if field.name in skip or (only is not None and field.name not in only):
@@ -59,17 +61,18 @@ def add_dataclass_args(
         kind = base_type(hints[field.name])
         default = field.default
         help_text = field.metadata["help"]
+        flags = (_flag(field), *(aliases or {}).get(field.name, ()))
         if kind is bool and default is False:
-            parser.add_argument(_flag(field), dest=field.name, action="store_true",
+            parser.add_argument(*flags, dest=field.name, action="store_true",
                                 default=Unset(False), help=help_text)
             continue
         if kind is bool:  # on by default, or decided by other settings: --x / --no-x
-            parser.add_argument(_flag(field), dest=field.name, default=Unset(default),
+            parser.add_argument(*flags, dest=field.name, default=Unset(default),
                                 action=argparse.BooleanOptionalAction, help=help_text)
             continue
         shown = "" if default in (None, "") else f" (default {default})"
         parser.add_argument(
-            _flag(field),
+            *flags,
             dest=field.name,
             type=kind,
             default=Unset(default),

@@ -11,8 +11,8 @@ import json
 import sys
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
-from posttrain.commands.data_args import add_holdout_flags
-from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
+from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.data.prepare import DataFlags, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
 from posttrain.policy.judge import agreement, endpoint_judge
@@ -34,30 +34,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--compare, print the paired delta between two graded row files instead."
         ),
     )
-    data = parser.add_argument_group("prompts")
-    data.add_argument(
-        "--prompts",
-        type=int,
-        default=DEFAULT_SITUATIONS,
-        help="template situations to write (default %(default)s)",
-    )
-    data.add_argument("--prompts-file", default=None, help="JSONL prompt set instead of templates")
-    data.add_argument(
-        "--data-seed",
-        "--seed",
-        dest="data_seed",
-        type=int,
-        default=0,
-        help="template writer seed: the prompts and so the holdout, as a recipe's --data-seed "
-        "(default 0)",
-    )
+    data = parser.add_argument_group("prompts (the same flags and split as the recipes)")
+    # --seed: this command's older name for the data seed
+    add_dataclass_args(data, DataFlags, skip=("balance",), aliases={"data_seed": ("--seed",)})
     data.add_argument(
         "--split",
         choices=("holdout", "train", "all"),
         default="holdout",
         help="which prompts to evaluate (default holdout: the ones recipes report on)",
     )
-    add_holdout_flags(data)
     data.add_argument(
         "--env",
         default=DEFAULT_ENV,
@@ -113,16 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise PosttrainError(f"--samples must be at least 1, got {args.samples}")
     env = get_env(args.env)
-    data = prepare_data(
-        DataConfig(
-            prompts=args.prompts,
-            prompts_file=args.prompts_file,
-            seed=args.data_seed,
-            holdout=args.holdout,
-            holdout_set=args.holdout_set,
-        ),
-        env,
-    )
+    data = prepare_data(settings_from_args(DataFlags, args).data_config(), env)
     prompts = {"holdout": data.holdout, "train": data.train, "all": data.train + data.holdout}[
         args.split
     ]

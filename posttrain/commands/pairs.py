@@ -13,8 +13,8 @@ import sys
 from collections import Counter
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
-from posttrain.commands.data_args import add_holdout_flags
-from posttrain.data.prepare import DEFAULT_SITUATIONS, DataConfig, prepare_data
+from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.data.prepare import DataFlags, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import require_single_turn
 from posttrain.errors import PosttrainError
@@ -52,25 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("--out", required=True, metavar="FILE", help="the pairs JSONL to write")
     data = build.add_argument_group("prompts (the same flags and split as posttrain dpo)")
-    data.add_argument(
-        "--prompts",
-        type=int,
-        default=DEFAULT_SITUATIONS,
-        help="template situations (default %(default)s)",
-    )
-    data.add_argument("--prompts-file", default=None, help="JSONL prompt set instead of templates")
-    data.add_argument(
-        "--data-seed",
-        type=int,
-        default=0,
-        help="template writer seed: the prompts and the holdout left out (default 0)",
-    )
+    add_dataclass_args(data, DataFlags)
     data.add_argument(
         "--seed", type=int, default=0, help="sampling seed of the policy's replies (default 0)"
-    )
-    add_holdout_flags(data)
-    data.add_argument(
-        "--balance", type=float, default=0.0, help="repeat minority train categories (default 0)"
     )
     data.add_argument(
         "--env",
@@ -138,17 +122,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise PosttrainError(f"--constructed-share must be >= 0, got {args.constructed_share}")
     env = get_env(args.env)
     require_single_turn(env, "posttrain pairs")
-    data = prepare_data(
-        DataConfig(
-            prompts=args.prompts,
-            prompts_file=args.prompts_file,
-            seed=args.data_seed,
-            holdout=args.holdout,
-            holdout_set=args.holdout_set,
-            balance=args.balance,
-        ),
-        env,
-    )
+    data = prepare_data(settings_from_args(DataFlags, args).data_config(), env)
     print(data.describe(tuple(env.categories)), file=sys.stderr)
     agent = build_agent(args, env)
     total = args.pair_samples * len(data.train)

@@ -30,23 +30,69 @@ DEFAULT_SITUATIONS = 400
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where prompts come from and how they are split."""
+    """Where prompts come from and how they are split (the data step's input; the flags
+    that fill it are ``DataFlags``)."""
+
+    prompts: int = DEFAULT_SITUATIONS  # template situations to write prompts from
+    prompts_file: str | None = None  # a JSONL prompt set instead
+    seed: int = 0  # the template writer's seed (the flag is --data-seed)
+    holdout: float = 0.2  # share of scenarios held out
+    holdout_set: str | None = None  # a prompt set the environment ships, held out whole
+    balance: float = 0.0  # repeat minority train categories up to this share
+    stratify: bool | None = None  # split within each category; default: only for a file
+
+
+@dataclass
+class DataFlags:
+    """The data flags, declared once: every recipe's settings inherit them, and ``posttrain
+    eval`` and ``posttrain pairs build`` generate the same flags from this class
+    (``posttrain.commands.dataclass_args``). Fields with ``help`` become flags."""
 
     prompts: int = field(
-        default=DEFAULT_SITUATIONS, metadata={"help": "template situations to write prompts from"}
+        default=DEFAULT_SITUATIONS,
+        metadata={"help": "template situations to write prompts from"},
     )
-    prompts_file: str | None = field(default=None, metadata={"help": "a JSONL prompt set instead"})
-    seed: int = field(default=0, metadata={"help": "the template writer's seed"})
-    holdout: float = field(default=0.2, metadata={"help": "share of scenarios held out"})
+    prompts_file: str | None = field(
+        default=None, metadata={"help": "a JSONL prompt set instead of the template writer"}
+    )
+    holdout: float = field(
+        default=0.2,
+        metadata={
+            "help": "share of scenarios held out; stratified by category when --prompts-file "
+            "is given"
+        },
+    )
     holdout_set: str | None = field(
         default=None,
-        metadata={"help": "a prompt set the environment ships, by name, held out whole"},
+        metadata={
+            "help": "evaluate on a prompt set the environment ships, by name, instead of a "
+            "share of the prompts (refund: refund-holdout, 477 prompts); every written "
+            "prompt then trains",
+            "metavar": "NAME",
+        },
     )
-    balance: float = field(default=0.0, metadata={"help": "repeat minority train categories"})
-    stratify: bool | None = field(
-        default=None,
-        metadata={"help": "split within each category; default: only for a prompts file"},
+    balance: float = field(
+        default=0.0,
+        metadata={"help": "repeat minority-category train prompts up to this share"},
     )
+    data_seed: int = field(
+        default=0,
+        metadata={
+            "help": "data seed: the prompts the template writer writes and so the holdout; "
+            "runs with the same data seed are evaluated on the same holdout prompts"
+        },
+    )
+
+    def data_config(self) -> DataConfig:
+        """The data step's input from these flags."""
+        return DataConfig(
+            prompts=self.prompts,
+            prompts_file=self.prompts_file,
+            seed=self.data_seed,
+            holdout=self.holdout,
+            holdout_set=self.holdout_set,
+            balance=self.balance,
+        )
 
 
 @dataclass

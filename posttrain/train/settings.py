@@ -12,12 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.data.prepare import (
-    DEFAULT_SITUATIONS,
-    DataConfig,
-    check_data_config,
-    check_seed,
-)
+from posttrain.data.prepare import DataFlags, check_data_config, check_seed
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
@@ -98,8 +93,9 @@ def trainer_runtime_kwargs(on_gpu: bool, report_to: str = "none") -> dict[str, A
 
 
 @dataclass
-class RecipeSettings:
-    """What every recipe shares. Fields with ``help`` become command-line flags."""
+class RecipeSettings(DataFlags):
+    """What every recipe shares (the data flags from ``DataFlags``). Fields with ``help``
+    become command-line flags."""
 
     base_model: str | None = field(
         default=None,
@@ -114,40 +110,6 @@ class RecipeSettings:
         metadata={
             "help": "LoRA learning rate; default by model size: 3e-4 up to 50M parameters, "
             "2e-4 up to 300M, 2e-5 up to 1B, 5e-6 above"
-        },
-    )
-    prompts: int = field(
-        default=DEFAULT_SITUATIONS,
-        metadata={"help": "template situations to write prompts from"},
-    )
-    prompts_file: str | None = field(
-        default=None, metadata={"help": "a JSONL prompt set instead of the template writer"}
-    )
-    holdout: float = field(
-        default=0.2,
-        metadata={
-            "help": "share of scenarios held out; stratified by category when --prompts-file "
-            "is given"
-        },
-    )
-    holdout_set: str | None = field(
-        default=None,
-        metadata={
-            "help": "evaluate on a prompt set the environment ships, by name, instead of a "
-            "share of the prompts (refund: refund-holdout, 477 prompts); every written "
-            "prompt then trains",
-            "metavar": "NAME",
-        },
-    )
-    balance: float = field(
-        default=0.0,
-        metadata={"help": "repeat minority-category train prompts up to this share"},
-    )
-    data_seed: int = field(
-        default=0,
-        metadata={
-            "help": "data seed: the prompts the template writer writes and so the holdout; "
-            "runs with the same data seed are evaluated on the same holdout prompts"
         },
     )
     seed: int = field(
@@ -218,16 +180,6 @@ class RecipeSettings:
     )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
-
-    def data_config(self) -> DataConfig:
-        return DataConfig(
-            prompts=self.prompts,
-            prompts_file=self.prompts_file,
-            seed=self.data_seed,
-            holdout=self.holdout,
-            holdout_set=self.holdout_set,
-            balance=self.balance,
-        )
 
     def default_learning_rate(self, parameters: int) -> float:
         """The learning rate when ``--learning-rate`` is not given; recipes override it."""
