@@ -1,4 +1,6 @@
-"""Plain-text and markdown rendering of rates, intervals and delta reports.
+"""Plain-text rendering of rates, intervals and p-values, and the JSON-safe record base.
+
+A delta report's own text and markdown are ``posttrain.score.delta_report``.
 
 Kept apart from the statistics so that the numbers can be tested without string
 matching, and the wording can change without touching the math. Rates print with two
