@@ -43,6 +43,21 @@ class BatchAgent(Protocol):
 Agent = Callable[[Messages], str] | BatchAgent
 
 
+def agent_identity(agent: Agent) -> dict[str, Any]:
+    """What answered, as graded rows and reports record it: a batch agent's ``policy``, or
+    ``{"agent": <the callable's name>}`` for a plain callable."""
+    policy = getattr(agent, "policy", None)
+    if isinstance(policy, dict):
+        return policy
+    return {"agent": getattr(agent, "__name__", type(agent).__name__)}
+
+
+def agent_sampling(agent: Agent) -> dict[str, Any]:
+    """How the agent samples (temperature, top_p, ...), or {} for a plain callable."""
+    sampling = getattr(agent, "sampling", None)
+    return sampling if isinstance(sampling, dict) else {}
+
+
 def stable_seed(*parts: object) -> int:
     """A 31-bit seed from the parts' text, identical on every Python and platform.
 

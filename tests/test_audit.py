@@ -59,6 +59,8 @@ def test_small_or_constant_categories_are_named_as_not_scanned():
     rows = refund_rows(REFUND.score, scenarios=2, samples=4)
     audit = reward_audit(rows, endorsed)
     assert audit.scanned == {} and "fewer than 20" in audit.skipped["no_id"]
+    # nothing scanned reads as such, not as an empty count ("reward audit ( rows; ...")
+    assert audit.format().startswith("reward audit (no rows scanned; endorsed")
     constant = [{**row, "score": 1.0} for row in refund_rows(REFUND.score)]
     assert "never varies" in reward_audit(constant, endorsed).skipped["no_id"]
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from posttrain.agents import agent_identity
 from posttrain.commands.agent_args import add_agent_args, build_agent
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 from posttrain.data.prepare import DataFlags, prepare_data
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "split": args.split,
-                    "policy": agent.policy,
+                    "policy": agent_identity(agent),
                     "pass_at": overall.to_dict(),
                     "repeats_pass_at_1": repeats,
                     "seconds": round(evaluation.seconds, 3),
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    print(f"policy: {_describe_policy(agent.policy)}")
+    print(f"policy: {_describe_policy(agent_identity(agent))}")
     print(f"{args.split} {overall}  clustered SE {overall.se_clustered:.3f}")
     if len(repeats) > 1:
         print("repeats pass@1: " + ", ".join(f"{value:.3f}" for value in repeats))

@@ -62,8 +62,9 @@ class RewardAudit(JsonRecord):
 
     def format(self) -> str:
         """Readable lines: one per finding, or that none was found."""
-        scanned = ", ".join(f"{name} {count}" for name, count in self.scanned.items())
-        lines = [f"reward audit ({scanned} rows; endorsed by the environment's design: "
+        scanned = (", ".join(f"{name} {count}" for name, count in self.scanned.items())
+                   + " rows") if self.scanned else "no rows scanned"
+        lines = [f"reward audit ({scanned}; endorsed by the environment's design: "
                  + "; ".join(f"{name} {', '.join(names) or '-'}"
                              for name, names in self.endorsed.items()) + ")"]
         if not self.findings:

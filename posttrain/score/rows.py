@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.agents import BatchAgent, stable_seed
+from posttrain.agents import BatchAgent, agent_identity, agent_sampling, stable_seed
 from posttrain.envs.base import Env, case_of, is_multi_turn, passes, reads_records
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
@@ -128,8 +128,8 @@ def grade(
         for sample in range(k)
     ]
     is_batch = isinstance(agent, BatchAgent)
-    policy = getattr(agent, "policy", {"agent": getattr(agent, "__name__", type(agent).__name__)})
-    sampling = getattr(agent, "sampling", {})
+    policy = agent_identity(agent)
+    sampling = agent_sampling(agent)
     if is_multi_turn(env):
         return _grade_episodes(env, requests, agent, policy, sampling, eval_run, judge,
                                progress, chunk_size)
