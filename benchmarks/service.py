@@ -56,11 +56,11 @@ def measure(base_model: str, runs: int, torch_threads: int) -> dict:
     from posttrain.envs.refund import REFUND_ENV
     from posttrain.envs.refund.prompts import simulate
     from posttrain.policy.sampler import Sampler, SamplingParams
-    from posttrain.service import requests as parse
-    from posttrain.service.api import start_server
     from posttrain.service.client import AdamParams, ServiceClient
+    from posttrain.service.client.rl import forward_backward_payload, rl_datum
     from posttrain.service.engine import Engine
-    from posttrain.service.rl import forward_backward_payload, rl_datum
+    from posttrain.service.engine import requests as parse
+    from posttrain.service.server import start_server
 
     state = tempfile.mkdtemp(prefix="posttrain-service-bench-")
     engine = Engine(base_model, state, torch_threads=torch_threads)

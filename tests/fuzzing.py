@@ -359,8 +359,8 @@ VALID_LORA = {"rank": 4, "alpha": 8, "seed": 0, "target_modules": ["q_proj", "v_
 
 
 def check_service_body(drawn: tuple[str, Any], context: dict[str, Any]) -> bool:
-    from posttrain.service import requests
-    from posttrain.service.errors import ServiceError
+    from posttrain.service.engine import requests
+    from posttrain.service.engine.errors import ServiceError
 
     primitive, body = drawn
     limits = requests.Limits(max_sequence_tokens=64, max_tokens_per_call=512)

@@ -33,11 +33,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from posttrain.policy.sampler import Sampler, SamplingParams
-from posttrain.service import state
-from posttrain.service.errors import NotFound
-from posttrain.service.lora_model import new_peft_model, shared_copy, target_logprobs
-from posttrain.service.tinker_proto import SampledSequenceWire, encode_sample_response
-from posttrain.service.tinker_requests import SampleJob
+from posttrain.service.engine import state
+from posttrain.service.engine.errors import NotFound
+from posttrain.service.engine.lora_model import new_peft_model, shared_copy, target_logprobs
+from posttrain.service.protocols.tinker.proto import SampledSequenceWire, encode_sample_response
+from posttrain.service.protocols.tinker.requests import SampleJob
 
 LOADED_ADAPTERS_KEPT = 4  # saved adapters kept loaded (each a PEFT tree on the shared base)
 SAMPLERS_KEPT = 16

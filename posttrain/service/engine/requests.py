@@ -17,8 +17,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from posttrain.service import losses
-from posttrain.service.errors import BadRequest, TooLarge
+from posttrain.service.engine import losses
+from posttrain.service.engine.errors import BadRequest, TooLarge
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -44,8 +44,8 @@ from typing import Any
 from posttrain.envs.wire import parse_tool_calls
 from posttrain.policy.sampler import Sampler, SamplingParams
 from posttrain.policy.tool_turns import TOOL_CHATML_TEMPLATE, renders_tool_turns
-from posttrain.service.errors import BadRequest, NotFound
-from posttrain.service.lora_model import shared_copy
+from posttrain.service.engine.errors import BadRequest, NotFound
+from posttrain.service.engine.lora_model import shared_copy
 
 MAX_SAMPLES = 16
 MAX_STOPS = 4

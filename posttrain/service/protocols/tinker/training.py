@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.http_core import Request
-from posttrain.service import requests as engine_requests
-from posttrain.service import state
-from posttrain.service.errors import BadRequest, NotFound, TooLarge
-from posttrain.service.tinker_futures import (
+from posttrain.service.engine import requests as engine_requests
+from posttrain.service.engine import state
+from posttrain.service.engine.errors import BadRequest, NotFound, TooLarge
+from posttrain.service.protocols.tinker.futures import (
     Answer,
     FutureStore,
     Waiter,
@@ -47,13 +47,13 @@ from posttrain.service.tinker_futures import (
     operation_waiter,
     task_waiter,
 )
-from posttrain.service.tinker_proto import (
+from posttrain.service.protocols.tinker.proto import (
     ProtoError,
     encode_forward_backward_output,
     forward_backward_wire,
     read_forward_backward,
 )
-from posttrain.service.tinker_requests import (
+from posttrain.service.protocols.tinker.requests import (
     TINKER_LORA_ALPHA,
     body_object,
     check_optimizer_config,
@@ -63,7 +63,7 @@ from posttrain.service.tinker_requests import (
     model_id_for,
     whole,
 )
-from posttrain.service.tinker_sampling import SamplerSource
+from posttrain.service.protocols.tinker.sampling import SamplerSource
 
 SUPPORTED_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 REFUSED_LOSSES = {

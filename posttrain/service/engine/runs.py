@@ -25,11 +25,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from posttrain.service import state
-from posttrain.service.compute import ComputeThread
-from posttrain.service.errors import Conflict
-from posttrain.service.operations import Operation, OrderedQueue
-from posttrain.service.requests import LoraSpec
+from posttrain.service.engine import state
+from posttrain.service.engine.compute import ComputeThread
+from posttrain.service.engine.errors import Conflict
+from posttrain.service.engine.operations import Operation, OrderedQueue
+from posttrain.service.engine.requests import LoraSpec
 
 TERMINAL_RUN_STATES = ("finished", "cancelled", "failed", "lost")
 FAILS_THE_RUN = ("forward_backward", "optim_step", "load_state")

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.service.errors import BadRequest, TooLarge
-from posttrain.service.requests import Limits
+from posttrain.service.engine.errors import BadRequest, TooLarge
+from posttrain.service.engine.requests import Limits
 
 TESTED_SDK_VERSION = "0.38.0"
 KNOWN_SDK_SERIES = (0, 38)

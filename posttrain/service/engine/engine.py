@@ -1,14 +1,14 @@
 """The primitives engine: one base model, sessions, LoRA runs, and their ordered operations.
 
-The HTTP layer (``posttrain.service.api``) is a thin shell over this class; tests and the
+The HTTP layer (``posttrain.service.server``) is a thin shell over this class; tests and the
 benchmark can drive it in-process. What it guarantees:
 
-- **Validation first.** Every body is parsed (``posttrain.service.requests``) before it is
+- **Validation first.** Every body is parsed (``posttrain.service.engine.requests``) before it is
   queued; a bad one raises a ``ServiceError`` (4xx) and nothing changes.
 - **Order.** Each run has one FIFO worker executing its operations in sequence-number
-  order; retries are idempotent by ``seq`` (``posttrain.service.operations``).
+  order; retries are idempotent by ``seq`` (``posttrain.service.engine.operations``).
 - **One computation at a time.** All torch work of all runs runs on one compute thread
-  (``posttrain.service.compute``): on a few CPU cores, two runs computing at once only
+  (``posttrain.service.engine.compute``): on a few CPU cores, two runs computing at once only
   fight for the same cores.
 - **Sessions.** A session lives while it heartbeats; one silent for longer than its
   ``heartbeat_timeout_s`` is reaped (state ``expired``) and its runs are cancelled, like
@@ -29,13 +29,17 @@ from typing import Any
 from posttrain.policy.loading import load_policy
 from posttrain.policy.models import parameter_count
 from posttrain.policy.sampler import end_of_turn_ids
-from posttrain.service import losses, requests, state
-from posttrain.service.compute import ComputeThread
-from posttrain.service.errors import BadRequest, Conflict, NotFound, TooManyRequests
-from posttrain.service.lora_model import LoraModel, linear_module_names, unembedding_module_name
-from posttrain.service.operations import Operation, fingerprint
-from posttrain.service.requests import Limits
-from posttrain.service.runs import FAILS_THE_RUN, Run
+from posttrain.service.engine import losses, requests, state
+from posttrain.service.engine.compute import ComputeThread
+from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from posttrain.service.engine.lora_model import (
+    LoraModel,
+    linear_module_names,
+    unembedding_module_name,
+)
+from posttrain.service.engine.operations import Operation, fingerprint
+from posttrain.service.engine.requests import Limits
+from posttrain.service.engine.runs import FAILS_THE_RUN, Run
 
 API_VERSION = 1
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
@@ -399,7 +403,7 @@ class Engine:
 
     def run_models(self) -> dict[str, Any]:
         """Each live run's model (trainer adapter and sampler versions), by run id: what
-        the OpenAI-compatible route samples (``posttrain.service.chat``)."""
+        the OpenAI-compatible route samples (``posttrain.service.protocols.openai.chat``)."""
         with self._lock:
             return {run_id: run.model for run_id, run in self._runs.items()
                     if run.model is not None}

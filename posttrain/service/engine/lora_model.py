@@ -35,8 +35,8 @@ from typing import Any
 
 from posttrain.policy.models import lora_config
 from posttrain.policy.sampler import Sampler, SamplingParams
-from posttrain.service import losses
-from posttrain.service.requests import (
+from posttrain.service.engine import losses
+from posttrain.service.engine.requests import (
     AdamParams,
     ForwardBackward,
     LogprobsRequest,
