@@ -10,7 +10,6 @@ torch is not installed.
 from __future__ import annotations
 
 from posttrain.service.client.service_client import (
-    AdamParams,
     Operation,
     OperationCancelled,
     OperationFailed,
@@ -20,6 +19,7 @@ from posttrain.service.client.service_client import (
     ServiceUnavailable,
     Session,
 )
+from posttrain.service.schema import AdamParams
 
 __all__ = [
     "AdamParams", "Operation", "OperationCancelled", "OperationFailed", "Run", "ServiceClient",

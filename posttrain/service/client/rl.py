@@ -34,7 +34,8 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 from posttrain.score.rubric import all_zero, group_mean_advantages, leave_one_out_advantages
-from posttrain.service.client.service_client import AdamParams, Run, ServiceClient
+from posttrain.service.client.service_client import Run, ServiceClient
+from posttrain.service.schema import AdamParams
 
 BuildLoss = Callable[[dict, int, dict, "LoopContext"], dict]
 

@@ -40,6 +40,7 @@ from posttrain.service.engine.lora_model import (
 from posttrain.service.engine.operations import Operation, fingerprint
 from posttrain.service.engine.requests import Limits
 from posttrain.service.engine.runs import FAILS_THE_RUN, Run
+from posttrain.service.schema import ADAM_KEYS
 
 API_VERSION = 1
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
@@ -150,7 +151,7 @@ class Engine:
                 for name, body in PRIMITIVES.items()
             },
             "losses": losses.capabilities(),
-            "optimizer": {"name": "adamw", "required_params": list(requests.ADAM_KEYS)},
+            "optimizer": {"name": "adamw", "required_params": list(ADAM_KEYS)},
             "sampling_params": {
                 "required": ["max_tokens"],
                 "defaults": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,

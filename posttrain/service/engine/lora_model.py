@@ -37,12 +37,12 @@ from posttrain.policy.models import lora_config
 from posttrain.policy.sampler import Sampler, SamplingParams
 from posttrain.service.engine import losses
 from posttrain.service.engine.requests import (
-    AdamParams,
     ForwardBackward,
     LogprobsRequest,
     LoraSpec,
     SamplingRequest,
 )
+from posttrain.service.schema import AdamParams
 
 ADAPTER_NAME = "default"
 # one forward pass holds at most this many logits (x 4 bytes, twice with log-softmax):

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.service.engine.errors import Conflict, TooManyRequests
+from posttrain.service.schema import TERMINAL_OPERATION_STATES
 
-TERMINAL_OPERATION_STATES = ("succeeded", "failed", "cancelled")
 # exceptions an operation raises because of what the client sent (a loss that overflows,
 # an unknown sampler version, a state that does not fit): its error is the caller's to fix
 CALLER_ERRORS = (ValueError, LookupError)

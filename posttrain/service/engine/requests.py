@@ -19,6 +19,7 @@ from typing import Any
 
 from posttrain.service.engine import losses
 from posttrain.service.engine.errors import BadRequest, TooLarge
+from posttrain.service.schema import ADAM_KEYS, AdamParams
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -84,18 +85,6 @@ class ForwardBackward:
 
 
 @dataclass(frozen=True)
-class AdamParams:
-    """AdamW hyper-parameters, all explicit; ``grad_clip_norm`` 0 turns clipping off."""
-
-    learning_rate: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip_norm: float
-
-
-@dataclass(frozen=True)
 class SamplingRequest:
     version: int
     prompt_token_ids: tuple[int, ...]
@@ -134,7 +123,6 @@ class Finish:
     pass
 
 
-ADAM_KEYS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 

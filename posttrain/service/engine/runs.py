@@ -30,8 +30,8 @@ from posttrain.service.engine.compute import ComputeThread
 from posttrain.service.engine.errors import Conflict
 from posttrain.service.engine.operations import Operation, OrderedQueue
 from posttrain.service.engine.requests import LoraSpec
+from posttrain.service.schema import TERMINAL_RUN_STATES
 
-TERMINAL_RUN_STATES = ("finished", "cancelled", "failed", "lost")
 FAILS_THE_RUN = ("forward_backward", "optim_step", "load_state")
 
 

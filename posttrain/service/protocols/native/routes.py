@@ -32,8 +32,9 @@ from posttrain.http_core import HttpError, Request, Response, json_response
 from posttrain.service.engine.engine import PRIMITIVES, Engine
 from posttrain.service.engine.errors import BadRequest, NotFound, ServiceError
 from posttrain.service.protocols.request_body import body_of
+from posttrain.service.schema import API_PREFIX
 
-PREFIX = "/v1/training"
+PREFIX = API_PREFIX
 ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
