@@ -1,10 +1,11 @@
 """The primitives engine: one base model, sessions, LoRA runs, and their ordered operations.
 
-The HTTP layer (``posttrain.service.server``) is a thin shell over this class; tests and the
-benchmark can drive it in-process. What it guarantees:
+The protocol wings (``posttrain.service.protocols``) are thin translations onto this
+class's public methods; tests and the benchmark can drive it in-process. It takes typed
+requests (``posttrain.service.engine.requests``), never a wire format. What it guarantees:
 
-- **Validation first.** Every body is parsed (``posttrain.service.engine.requests``) before it is
-  queued; a bad one raises a ``ServiceError`` (4xx) and nothing changes.
+- **Validation first.** Every request is checked (``posttrain.service.engine.checks``)
+  before it is queued; a bad one raises a ``ServiceError`` (4xx) and nothing changes.
 - **Order.** Each run has one FIFO worker executing its operations in sequence-number
   order; retries are idempotent by ``seq`` (``posttrain.service.engine.operations``).
 - **One computation at a time.** All torch work of all runs runs on one compute thread
@@ -29,7 +30,7 @@ from typing import Any
 from posttrain.policy.loading import load_policy
 from posttrain.policy.models import parameter_count
 from posttrain.policy.sampler import end_of_turn_ids
-from posttrain.service.engine import losses, requests, state
+from posttrain.service.engine import checks, losses, state
 from posttrain.service.engine.compute import ComputeThread
 from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from posttrain.service.engine.lora_model import (
@@ -37,13 +38,13 @@ from posttrain.service.engine.lora_model import (
     linear_module_names,
     unembedding_module_name,
 )
-from posttrain.service.engine.operations import Operation, fingerprint
-from posttrain.service.engine.requests import Limits
+from posttrain.service.engine.operations import Operation
+from posttrain.service.engine.requests import Limits, LoraSpec
 from posttrain.service.engine.runs import FAILS_THE_RUN, Run
 from posttrain.service.schema import ADAM_KEYS
 
 API_VERSION = 1
-DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = checks.DEFAULT_HEARTBEAT_TIMEOUT_S
 
 # primitive -> what its body holds (served by capabilities; the parsers enforce it)
 PRIMITIVES: dict[str, str] = {
@@ -172,47 +173,31 @@ class Engine:
 
     # ------------------------------------------------------------ tokenizer helpers
 
-    def tokenize(self, body: Any) -> dict[str, Any]:
-        """``{"messages": [...]}`` (chat template, ready for the reply) or ``{"text": ...}``."""
-        if not isinstance(body, dict) or ("messages" in body) == ("text" in body):
-            raise BadRequest('body: send exactly one of "messages" (a chat) or "text"')
-        tokenizer = self.policy.tokenizer
-        if "text" in body:
-            if not isinstance(body["text"], str):
-                raise BadRequest("text: expected a string")
-            return {"token_ids": tokenizer.encode(body["text"], add_special_tokens=False)}
-        messages = body["messages"]
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in messages
-        ):
-            raise BadRequest('messages: expected a list of {"role": str, "content": str}')
-        ids = tokenizer.apply_chat_template(
+    def tokenize_text(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens added)."""
+        return self.policy.tokenizer.encode(text, add_special_tokens=False)
+
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a chat through the chat template, ready for the reply."""
+        ids = self.policy.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        return {"token_ids": list(ids)}
+        return list(ids)
 
-    def detokenize(self, body: Any) -> dict[str, Any]:
-        """``{"token_ids": [...]}`` -> ``{"text"}`` (special tokens skipped)."""
-        if not isinstance(body, dict):
-            raise BadRequest("body: expected a JSON object")
-        ids = requests.token_ids(
-            body.get("token_ids"), "token_ids", self.vocab_size, self.limits.max_sequence_tokens
-        )
-        return {"text": self.policy.tokenizer.decode(list(ids), skip_special_tokens=True)}
+    def detokenize(self, token_ids: Any) -> str:
+        """The text of ``token_ids`` (special tokens skipped); ``BadRequest`` for an id
+        outside the vocabulary."""
+        ids = checks.token_ids(token_ids, "token_ids", self.vocab_size,
+                               self.limits.max_sequence_tokens)
+        return self.policy.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ------------------------------------------------------------ sessions
 
-    def create_session(self, body: Any) -> dict[str, Any]:
-        """Open a session; ``heartbeat_timeout_s`` (default 60) is how long it may stay silent."""
-        body = body if body is not None else {}
-        if not isinstance(body, dict):
-            raise BadRequest("body: expected a JSON object")
-        timeout = requests.number(
-            body.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S),
-            "heartbeat_timeout_s", low=0.5, high=86_400,
-        )
+    def create_session(self, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+                       ) -> dict[str, Any]:
+        """Open a session; ``heartbeat_timeout_s`` (0.5 s to a day) is how long it may stay
+        silent."""
+        timeout = checks.heartbeat_timeout(heartbeat_timeout_s)
         session = Session("sess-" + uuid.uuid4().hex[:16], timeout, self._clock())
         with self._lock:
             self._sessions[session.session_id] = session
@@ -306,7 +291,7 @@ class Engine:
 
     # ------------------------------------------------------------ runs
 
-    def _new_run(self, run_id: str, session_id: str | None, spec: requests.LoraSpec,
+    def _new_run(self, run_id: str, session_id: str | None, spec: LoraSpec,
                  created_at: float | None = None) -> Run:
         return Run(
             run_id,
@@ -320,7 +305,9 @@ class Engine:
             created_at=created_at,
         )
 
-    def _new_model(self, spec: requests.LoraSpec) -> Any:
+    def new_lora_model(self, spec: LoraSpec) -> LoraModel:
+        """A fresh ``LoraModel`` (a run's tensors) for ``spec``, built on the compute thread;
+        the engine's runs get theirs here, and the benchmark drives one in-process."""
         return self.compute.run(LoraModel, self.policy.model, self.policy.tokenizer, spec)
 
     def _check_capacity(self) -> None:
@@ -330,22 +317,18 @@ class Engine:
                 f"{live} runs are live (limit {self.limits.max_runs}); finish or cancel one"
             )
 
-    def create_run(self, body: Any) -> dict[str, Any]:
-        """A new LoRA run in an open session: ``{"session_id", "rank", "alpha",
-        "target_modules", "seed"}`` (rank 16, alpha 2*rank, every linear layer, seed 0)."""
-        if not isinstance(body, dict):
-            raise BadRequest("body: expected a JSON object")
-        extra = sorted(set(body) - {"session_id", "rank", "alpha", "target_modules", "seed"})
-        if extra:
-            raise BadRequest(f"body: unknown field(s) {', '.join(map(repr, extra))}")
-        spec = requests.parse_lora(body, self.limits, self.module_names,
-                                   optional_modules=self.optional_lora_targets)
-        self._open_session(body.get("session_id"))
+    def create_run(self, session_id: Any, spec: LoraSpec) -> dict[str, Any]:
+        """A new LoRA run with adapter ``spec`` in open session ``session_id``. ``BadRequest``
+        for a spec this model cannot take, ``NotFound`` / ``Conflict`` for a session that is
+        unknown or not open, ``TooManyRequests`` past ``limits.max_runs``."""
+        spec = checks.lora_spec(spec.rank, spec.alpha, spec.seed, spec.target_modules,
+                                self.limits, self.module_names, self.optional_lora_targets)
+        self._open_session(session_id)
         with self._lock:
             self._check_capacity()
-        model = self._new_model(spec)  # the slow part, outside the lock
+        model = self.new_lora_model(spec)  # the slow part, outside the lock
         with self._lock:
-            session = self._open_session(body.get("session_id"))  # still open?
+            session = self._open_session(session_id)  # still open?
             self._check_capacity()
             run = self._new_run("run-" + uuid.uuid4().hex[:16], session.session_id, spec)
             self._runs[run.run_id] = run
@@ -363,8 +346,8 @@ class Engine:
 
         ``NotFound`` when there is no such state, ``BadRequest`` when it was saved on
         another base model."""
-        source_run_id = requests.state_name(source_run_id, "run_id")
-        name = requests.state_name(name, "name")
+        source_run_id = checks.state_name(source_run_id, "run_id")
+        name = checks.state_name(name, "name")
         folder = state.run_folder(self.state_dir, source_run_id) / "states" / name
         try:
             info = state.read_state_info(folder)
@@ -378,7 +361,7 @@ class Engine:
         self._open_session(session_id)
         with self._lock:
             self._check_capacity()
-        model = self._new_model(spec)
+        model = self.new_lora_model(spec)
         try:
             self.compute.run(state.load_state, folder, model, base_model=self.base_model,
                              with_optimizer=optimizer)
@@ -415,7 +398,12 @@ class Engine:
             return list(self._runs)
 
     def get_run(self, run_id: str) -> dict[str, Any]:
+        """A run's status (``NotFound`` for an unknown id)."""
         return self._run(run_id).describe()
+
+    def require_run(self, run_id: str) -> None:
+        """``NotFound`` unless this engine knows run ``run_id`` (live, ended or dormant)."""
+        self._run(run_id)
 
     def cancel_run(self, run_id: str) -> dict[str, Any]:
         """Cancel a run: queued operations are cancelled, the running one finishes. Idempotent."""
@@ -423,20 +411,19 @@ class Engine:
         cancelled = run.cancel("cancelled by the client")
         return {**run.describe(), "cancelled_operations": [op.id for op in cancelled]}
 
-    def resume_run(self, run_id: str, body: Any) -> dict[str, Any]:
+    def resume_run(self, run_id: str, session_id: Any) -> dict[str, Any]:
         """Bring a ``dormant`` run (active when the server stopped) back from its last
-        ``save_state``, attached to an open session; numbering continues after that save."""
-        if not isinstance(body, dict):
-            raise BadRequest("body: expected a JSON object")
+        ``save_state``, attached to open session ``session_id``; numbering continues after
+        that save."""
         run = self._run(run_id)
         with self._lock:
-            session = self._open_session(body.get("session_id"))
+            session = self._open_session(session_id)
             if run.status != "dormant":
                 raise Conflict(f"run {run_id} is {run.status}; only a dormant run can be resumed")
             self._check_capacity()
             run.status = "resuming"
         try:
-            model = self._new_model(run.spec)
+            model = self.new_lora_model(run.spec)
             folder = state.run_folder(self.state_dir, run_id) / "states" / run.last_state["name"]
             self.compute.run(state.load_state, folder, model, base_model=self.base_model)
         except Exception:
@@ -475,34 +462,36 @@ class Engine:
 
     # ------------------------------------------------------------ operations
 
-    def submit(self, run_id: str, primitive: str, body: Any) -> tuple[dict[str, Any], bool]:
-        """Validate and queue one primitive; returns ``(operation json, created)``."""
+    def submit(self, run_id: str, primitive: str, request: Any, *, seq: int | None = None,
+               fingerprint: str) -> tuple[dict[str, Any], bool]:
+        """Check and queue one primitive's typed request (``requests.REQUEST_TYPES``) as
+        number ``seq`` of the run (None: the next one); returns ``(operation json,
+        created)``. ``fingerprint`` identifies what the client sent (``operations.
+        fingerprint``): a retry of ``seq`` with the same one gets the first operation back,
+        ``created`` False; with another, a ``Conflict``."""
         run = self._run(run_id)
-        request = self._parse(primitive, body)
-        seq = requests.sequence_number(body)
-        operation, created = run.submit(seq, primitive, fingerprint(primitive, body), request)
+        if primitive not in PRIMITIVES:
+            raise NotFound(
+                f"no primitive {primitive!r}; the primitives are {', '.join(PRIMITIVES)}"
+            )
+        request = checks.check_request(primitive, request, self.vocab_size, self.limits)
+        seq = checks.sequence_number(seq)
+        operation, created = run.submit(seq, primitive, fingerprint, request)
         with self._lock:
             self._operations[operation.id] = operation
         return operation.to_json(), created
 
-    def refuse(self, run_id: str, seq: int, primitive: str, body: Any, why: str
+    def refuse(self, run_id: str, seq: int, primitive: str, why: str, *, fingerprint: str
                ) -> dict[str, Any]:
         """Record sequence number ``seq`` of a run as refused with message ``why``: a failed
         operation that never runs, so the operations numbered after it do not wait for it
         (see ``OrderedQueue.refuse``). For a client that numbers every request itself and
         goes on counting after a refusal. Returns the operation json."""
         run = self._run(run_id)
-        operation, _ = run.refuse(seq, primitive, fingerprint(primitive, body), why)
+        operation, _ = run.refuse(seq, primitive, fingerprint, why)
         with self._lock:
             self._operations[operation.id] = operation
         return operation.to_json()
-
-    def _parse(self, primitive: str, body: Any) -> Any:
-        if primitive not in PRIMITIVES:
-            raise NotFound(
-                f"no primitive {primitive!r}; the primitives are {', '.join(PRIMITIVES)}"
-            )
-        return requests.parse_primitive(primitive, body, self.vocab_size, self.limits)
 
     def get_operation(self, operation_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """An operation's state; waits up to ``wait_s`` (capped) for it to end."""

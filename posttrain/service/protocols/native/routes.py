@@ -31,7 +31,17 @@ from typing import Any
 from posttrain.http_core import HttpError, Request, Response, json_response
 from posttrain.service.engine.engine import PRIMITIVES, Engine
 from posttrain.service.engine.errors import BadRequest, NotFound, ServiceError
-from posttrain.service.protocols.request_body import body_of
+from posttrain.service.engine.operations import fingerprint
+from posttrain.service.protocols.json_bodies import body_of
+from posttrain.service.protocols.native.parsing import (
+    parse_create_run,
+    parse_detokenize,
+    parse_primitive,
+    parse_resume,
+    parse_session,
+    parse_tokenize,
+    sequence_number,
+)
 from posttrain.service.schema import API_PREFIX
 
 PREFIX = API_PREFIX
@@ -61,12 +71,33 @@ def service_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], R
     def ok(payload: Any) -> tuple[int, Any]:
         return 200, payload
 
+    def tokenize(request: Request) -> tuple[int, Any]:
+        text_or_messages = parse_tokenize(body_of(request))
+        if isinstance(text_or_messages, str):
+            return ok({"token_ids": engine.tokenize_text(text_or_messages)})
+        return ok({"token_ids": engine.tokenize_chat(text_or_messages)})
+
+    def detokenize(request: Request) -> tuple[int, Any]:
+        ids = parse_detokenize(body_of(request), engine.vocab_size, engine.limits)
+        return ok({"text": engine.detokenize(ids)})
+
+    def create_run(request: Request) -> tuple[int, Any]:
+        body = body_of(request)
+        spec = parse_create_run(body, engine.limits, engine.module_names,
+                                optional_modules=engine.optional_lora_targets)
+        return ok(engine.create_run(body.get("session_id"), spec))
+
     def submit(request: Request) -> tuple[int, Any]:
         primitive = request.match["primitive"]
         if primitive not in PRIMITIVES:
             raise NotFound(f"no primitive {primitive!r}; the primitives are "
                            f"{', '.join(PRIMITIVES)}")
-        operation, created = engine.submit(request.match["run_id"], primitive, body_of(request))
+        body = body_of(request)
+        run_id = request.match["run_id"]
+        engine.require_run(run_id)  # an unknown run is a 404 whatever the body holds
+        typed = parse_primitive(primitive, body, engine.vocab_size, engine.limits)
+        operation, created = engine.submit(run_id, primitive, typed, seq=sequence_number(body),
+                                           fingerprint=fingerprint(primitive, body))
         return (202 if created else 200), operation
 
     def poll(request: Request) -> tuple[int, Any]:
@@ -82,19 +113,19 @@ def service_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], R
     table: list[tuple[str, str, Callable[[Request], tuple[int, Any]]]] = [
         ("GET", "/health", lambda r: ok({"status": "ok"})),
         ("GET", "/capabilities", lambda r: ok(engine.capabilities())),
-        ("POST", "/tokenize", lambda r: ok(engine.tokenize(body_of(r)))),
-        ("POST", "/detokenize", lambda r: ok(engine.detokenize(body_of(r)))),
-        ("POST", "/sessions", lambda r: ok(engine.create_session(body_of(r)))),
+        ("POST", "/tokenize", tokenize),
+        ("POST", "/detokenize", detokenize),
+        ("POST", "/sessions", lambda r: ok(engine.create_session(parse_session(body_of(r))))),
         ("GET", "/sessions/{session_id}", lambda r: ok(engine.get_session(r.match["session_id"]))),
         ("POST", "/sessions/{session_id}/heartbeat",
          lambda r: ok(engine.heartbeat(r.match["session_id"]))),
         ("POST", "/sessions/{session_id}/close",
          lambda r: ok(engine.close_session(r.match["session_id"]))),
-        ("POST", "/runs", lambda r: ok(engine.create_run(body_of(r)))),
+        ("POST", "/runs", create_run),
         ("GET", "/runs/{run_id}", lambda r: ok(engine.get_run(r.match["run_id"]))),
         ("POST", "/runs/{run_id}/cancel", lambda r: ok(engine.cancel_run(r.match["run_id"]))),
         ("POST", "/runs/{run_id}/resume",
-         lambda r: ok(engine.resume_run(r.match["run_id"], body_of(r)))),
+         lambda r: ok(engine.resume_run(r.match["run_id"], parse_resume(body_of(r))))),
         ("POST", "/runs/{run_id}/{primitive}", submit),
         ("GET", "/operations/{operation_id}", poll),
     ]

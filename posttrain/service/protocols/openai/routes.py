@@ -10,8 +10,8 @@ from typing import Any
 from posttrain.http_core import HttpError, Request, Response, json_response
 from posttrain.service.engine.engine import Engine
 from posttrain.service.engine.errors import NotFound, ServiceError
+from posttrain.service.protocols.json_bodies import body_of
 from posttrain.service.protocols.openai.chat import ChatModels, complete
-from posttrain.service.protocols.request_body import body_of
 
 
 def openai_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Response]]]:

@@ -223,8 +223,7 @@ class TinkerService:
     def create_session(self, request: Request) -> dict[str, Any]:
         """``POST /create_session``: an engine session with a long heartbeat timeout."""
         check_sdk_version(request.json(empty={}))
-        session = self.engine.create_session(
-            {"heartbeat_timeout_s": self.settings.session_timeout_s})
+        session = self.engine.create_session(self.settings.session_timeout_s)
         return {"session_id": session["session_id"], "type": "create_session"}
 
     def session_heartbeat(self, request: Request) -> dict[str, Any]:
