@@ -41,6 +41,7 @@ from posttrain.service.engine.lora_model import (
 from posttrain.service.engine.operations import Operation
 from posttrain.service.engine.requests import Limits, LoraSpec
 from posttrain.service.engine.runs import FAILS_THE_RUN, Run
+from posttrain.service.engine.sampler_models import SamplerModels
 from posttrain.service.schema import ADAM_KEYS
 
 API_VERSION = 1
@@ -116,6 +117,9 @@ class Engine:
         unembedding = unembedding_module_name(self.policy.model)
         self.optional_lora_targets = (unembedding,) if unembedding else ()
         self.compute = ComputeThread(torch_threads)
+        # what the protocol wings sample: the base, live runs' snapshots, saved adapters
+        self.sampler_models = SamplerModels(base_model, self.policy, self.state_dir,
+                                            self.run_models)
         self._clock = clock
         self._lock = threading.RLock()
         self._sessions: dict[str, Session] = {}
@@ -386,8 +390,8 @@ class Engine:
         return run
 
     def run_models(self) -> dict[str, Any]:
-        """Each live run's model (trainer adapter and sampler versions), by run id: what
-        the OpenAI-compatible route samples (``posttrain.service.protocols.openai.chat``)."""
+        """Each live run's ``LoraModel`` (trainer adapter and sampler versions), by run id
+        (what ``sampler_models`` resolves a run's snapshots in)."""
         with self._lock:
             return {run_id: run.model for run_id, run in self._runs.items()
                     if run.model is not None}

@@ -25,22 +25,18 @@ sequence that ends any way but running out of ``max_tokens`` has stop reason ``s
 from __future__ import annotations
 
 import random
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from posttrain.policy.sampler import Sampler, SamplingParams
-from posttrain.service.engine import state
+from posttrain.policy.sampler import SamplingParams
 from posttrain.service.engine.errors import NotFound
-from posttrain.service.engine.lora_model import new_peft_model, shared_copy, target_logprobs
+from posttrain.service.engine.lora_model import target_logprobs
+from posttrain.service.engine.sampler_models import AdapterNotSaved, ModelSource, RunNotLive
 from posttrain.service.protocols.tinker.proto import SampledSequenceWire, encode_sample_response
 from posttrain.service.protocols.tinker.requests import SampleJob
 
-LOADED_ADAPTERS_KEPT = 4  # saved adapters kept loaded (each a PEFT tree on the shared base)
-SAMPLERS_KEPT = 16
+# the engine's names for the saved sources (posttrain.service.engine.sampler_models)
+ENGINE_KINDS = {"sampler_weights": "export", "weights": "state"}
 
 
 @dataclass(frozen=True)
@@ -59,102 +55,45 @@ class SamplerSource:
             return f"tinker://{self.run_id}/{self.kind}/{self.name}"
         return None
 
+    def engine_source(self) -> ModelSource:
+        """The same source in the engine's terms."""
+        return ModelSource(ENGINE_KINDS.get(self.kind, self.kind), self.run_id, self.version,
+                           self.name)
+
 
 class TinkerSampling:
-    """Resolves sources to torch models (loading saved adapters, keeping the last few) and
-    samples them; every torch call runs on the engine's compute thread."""
+    """Samples sources on the engine's compute thread; the engine resolves them to torch
+    models (``engine.sampler_models``, which keeps the saved adapters it loaded)."""
 
     def __init__(self, engine: Any):
         self.engine = engine
-        self._adapters: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
-        self._samplers: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------ sources
 
-    def folder(self, source: SamplerSource) -> Path:
-        """Where a saved source lives under the state folder."""
-        sub = "exports" if source.kind == "sampler_weights" else "states"
-        return state.run_folder(self.engine.state_dir, source.run_id) / sub / source.name
-
     def check_saved(self, source: SamplerSource) -> None:
         """``NotFound`` naming the path when a saved source is not on disk."""
-        marker = "adapter_config.json" if source.kind == "sampler_weights" else "state.json"
-        if not (self.folder(source) / marker).is_file():
-            what = "sampler weights" if source.kind == "sampler_weights" else "saved state"
-            raise NotFound(f"{source.model_path}: no {what} {source.name!r} in run "
-                           f"{source.run_id!r} (save_weights_for_sampler(name) and save_state "
-                           "return the paths that exist)")
+        if not self.engine.sampler_models.is_saved(source.engine_source()):
+            raise self._not_saved(source)
+
+    @staticmethod
+    def _not_saved(source: SamplerSource) -> NotFound:
+        what = "sampler weights" if source.kind == "sampler_weights" else "saved state"
+        return NotFound(f"{source.model_path}: no {what} {source.name!r} in run "
+                        f"{source.run_id!r} (save_weights_for_sampler(name) and save_state "
+                        "return the paths that exist)")
 
     def _model_for(self, source: SamplerSource) -> Any:
         """The torch model of ``source`` (compute thread)."""
-        if source.kind == "base":
-            return self.engine.policy.model
-        if source.kind == "snapshot":
-            model = self.engine.run_models().get(source.run_id)
-            if model is None:
-                raise LookupError(
-                    f"run {source.run_id} has ended, and its in-memory sampler snapshots with "
-                    "it; save named sampler weights (save_weights_for_sampler(name)) to sample "
-                    "a run after it ends")
-            return model._model_for(source.version)
-        key = (source.kind, source.run_id or "", source.name or "")
-        with self._lock:
-            if key in self._adapters:
-                self._adapters.move_to_end(key)
-                return self._adapters[key]
-        self.check_saved(source)
-        model = self._load_adapter(source)
-        with self._lock:
-            self._adapters[key] = model
-            while len(self._adapters) > LOADED_ADAPTERS_KEPT:
-                self._adapters.popitem(last=False)
-        return model
-
-    def _load_adapter(self, source: SamplerSource) -> Any:
-        import torch
-
-        base = self.engine.policy.model
-        folder = self.folder(source)
-        if source.kind == "sampler_weights":
-            import warnings
-
-            from peft import PeftModel
-
-            with warnings.catch_warnings():  # LoRA on a tied unembedding: see new_peft_model
-                warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
-                model = PeftModel.from_pretrained(shared_copy(base), str(folder))
-        else:  # a save_state: its adapter tensors are named as the trainer's parameters
-            from safetensors.torch import load_file
-
-            info = state.read_state_info(folder)
-            if info.get("base_model") != self.engine.base_model:
-                raise ValueError(f"{source.model_path} was saved on base model "
-                                 f"{info.get('base_model')!r}; this server runs "
-                                 f"{self.engine.base_model!r}")
-            model = new_peft_model(base, state.lora_from_json(info["lora"]))
-            tensors = load_file(str(folder / "adapter.safetensors"))
-            named = dict(model.named_parameters())
-            with torch.no_grad():
-                for name, tensor in tensors.items():
-                    named[name].copy_(tensor)
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
-        model.eval()
-        return model
-
-    def _sampler_for(self, model: Any) -> Any:
-        with self._lock:
-            entry = self._samplers.get(id(model))
-            if entry is not None and entry[0] is model:
-                self._samplers.move_to_end(id(model))
-                return entry[1]
-        sampler = Sampler(SimpleNamespace(model=model, tokenizer=self.engine.policy.tokenizer))
-        with self._lock:
-            self._samplers[id(model)] = (model, sampler)
-            while len(self._samplers) > SAMPLERS_KEPT:
-                self._samplers.popitem(last=False)
-        return sampler
+        try:
+            return self.engine.sampler_models.model_for(source.engine_source(),
+                                                        label=source.model_path)
+        except RunNotLive:
+            raise LookupError(
+                f"run {source.run_id} has ended, and its in-memory sampler snapshots with "
+                "it; save named sampler weights (save_weights_for_sampler(name)) to sample "
+                "a run after it ends") from None
+        except AdapterNotSaved:
+            raise self._not_saved(source) from None
 
     # ------------------------------------------------------------ sampling
 
@@ -165,7 +104,7 @@ class TinkerSampling:
 
     def _sample(self, source: SamplerSource, job: SampleJob) -> bytes:
         model = self._model_for(source)
-        sampler = self._sampler_for(model)
+        sampler = self.engine.sampler_models.sampler_for(model)
         seed = job.seed if job.seed is not None else random.SystemRandom().randrange(2**62)
         params = SamplingParams(temperature=job.temperature, top_p=job.top_p, top_k=job.top_k,
                                 max_new_tokens=job.max_tokens, stop_strings=job.stop_strings,
