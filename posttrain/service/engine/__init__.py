@@ -9,7 +9,8 @@ thread all torch work runs on.
 
 from __future__ import annotations
 
-from posttrain.service.engine.engine import PRIMITIVES, Engine
+from posttrain.service.engine.capabilities import PRIMITIVES
+from posttrain.service.engine.engine import Engine
 from posttrain.service.engine.requests import Limits
 
 __all__ = ["PRIMITIVES", "Engine", "Limits"]

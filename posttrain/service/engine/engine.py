@@ -23,14 +23,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from posttrain.policy.loading import load_policy
-from posttrain.policy.models import parameter_count
-from posttrain.policy.sampler import end_of_turn_ids
-from posttrain.service.engine import checks, losses, state
+from posttrain.service.engine import checks, state
+from posttrain.service.engine.capabilities import PRIMITIVES, capabilities_of
 from posttrain.service.engine.compute import ComputeThread
 from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from posttrain.service.engine.lora_model import (
@@ -40,50 +39,11 @@ from posttrain.service.engine.lora_model import (
 )
 from posttrain.service.engine.operations import Operation
 from posttrain.service.engine.requests import Limits, LoraSpec
-from posttrain.service.engine.runs import FAILS_THE_RUN, Run
+from posttrain.service.engine.runs import Run
 from posttrain.service.engine.sampler_models import SamplerModels
-from posttrain.service.schema import ADAM_KEYS
+from posttrain.service.engine.sessions import Session, Sessions
 
-API_VERSION = 1
 DEFAULT_HEARTBEAT_TIMEOUT_S = checks.DEFAULT_HEARTBEAT_TIMEOUT_S
-
-# primitive -> what its body holds (served by capabilities; the parsers enforce it)
-PRIMITIVES: dict[str, str] = {
-    "save_weights_for_sampler": '{"version": N}: freeze the current adapter as sampler version N',
-    "sample": '{"version", "prompt": {"token_ids"}, "num_samples", "sampling_params": '
-    '{"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}}',
-    "logprobs": '{"sequences": [[ids]], "version": N | null}: per-token logprobs '
-    "(null: the trainer's current weights); entry 0 of each is null",
-    "forward": '{"data", "loss_function", "loss_config"}: loss and logprobs, no gradients',
-    "forward_backward": '{"data", "loss_function", "loss_config"}: gradients accumulate '
-    "until optim_step",
-    "optim_step": '{"adam_params": {"learning_rate", "beta1", "beta2", "eps", "weight_decay", '
-    '"grad_clip_norm"}}: one AdamW step, every hyper-parameter explicit',
-    "save_state": '{"name"}: adapter + AdamW state + step, to the state folder',
-    "load_state": '{"name", "run_id"?, "optimizer"?: true}: replace adapter, AdamW state '
-    "(unless optimizer is false) and step by a saved state",
-    "export_lora": '{"name"}: write a PEFT adapter folder (adapter_model.safetensors)',
-    "finish": "{}: end the run after everything before it",
-}
-
-
-@dataclass
-class Session:
-    session_id: str
-    heartbeat_timeout_s: float
-    last_heartbeat: float
-    created_at: float = field(default_factory=time.time)
-    status: str = "open"  # open | closed | expired
-    run_ids: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "status": self.status,
-            "heartbeat_timeout_s": self.heartbeat_timeout_s,
-            "run_ids": list(self.run_ids),
-            "created_at": self.created_at,
-        }
 
 
 class Engine:
@@ -120,9 +80,8 @@ class Engine:
         # what the protocol wings sample: the base, live runs' snapshots, saved adapters
         self.sampler_models = SamplerModels(base_model, self.policy, self.state_dir,
                                             self.run_models)
-        self._clock = clock
         self._lock = threading.RLock()
-        self._sessions: dict[str, Session] = {}
+        self._sessions = Sessions(self._lock, clock, self._cancel_runs_of)
         self._runs: dict[str, Run] = {}
         self._operations: dict[str, Operation] = {}
         self._stopping = threading.Event()
@@ -135,45 +94,9 @@ class Engine:
     # ------------------------------------------------------------ capabilities
 
     def capabilities(self) -> dict[str, Any]:
-        """Primitives, losses (inputs, config keys, defaults), base model, limits."""
-        tokenizer = self.policy.tokenizer
-        return {
-            "api_version": API_VERSION,
-            "base_model": {
-                "name": self.base_model,
-                "vocab_size": self.vocab_size,
-                "max_context_length": self.limits.max_sequence_tokens,
-                "parameters": parameter_count(self.policy.model),
-                "dtype": self.policy.dtype,
-                "device": self.policy.device,
-                "lora_target_modules": list(self.module_names),
-                "lora_optional_target_modules": list(self.optional_lora_targets),
-                "end_of_turn_token_ids": sorted(end_of_turn_ids(tokenizer, self.policy.model)),
-                "pad_token_id": tokenizer.pad_token_id,
-            },
-            "primitives": {
-                name: {"body": body, "ordered": True, "fails_run_on_error": name in FAILS_THE_RUN}
-                for name, body in PRIMITIVES.items()
-            },
-            "losses": losses.capabilities(),
-            "optimizer": {"name": "adamw", "required_params": list(ADAM_KEYS)},
-            "sampling_params": {
-                "required": ["max_tokens"],
-                "defaults": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,
-                             "stop": []},
-                "logprobs": "log-softmax of the raw logits (temperature 1) at each sampled token",
-                "per_sample_seed": "seed + i",
-            },
-            "limits": self.limits.to_json(),
-            "semantics": {
-                "loss_reduction": "sum over tokens and datums; normalise with weights/advantages",
-                "datum_convention": "model_input = full[:-1]; target_tokens = full[1:]; every "
-                "per-token input has len(model_input) values",
-                "ordering": "one FIFO per run, strict sequence order",
-                "idempotency": "same seq + same payload -> the same operation; "
-                "same seq + another payload -> 409",
-            },
-        }
+        """Primitives, losses (inputs, config keys, defaults), base model, limits
+        (``capabilities.capabilities_of``)."""
+        return capabilities_of(self)
 
     # ------------------------------------------------------------ tokenizer helpers
 
@@ -201,50 +124,23 @@ class Engine:
                        ) -> dict[str, Any]:
         """Open a session; ``heartbeat_timeout_s`` (0.5 s to a day) is how long it may stay
         silent."""
-        timeout = checks.heartbeat_timeout(heartbeat_timeout_s)
-        session = Session("sess-" + uuid.uuid4().hex[:16], timeout, self._clock())
-        with self._lock:
-            self._sessions[session.session_id] = session
-        return session.to_json()
-
-    def _open_session(self, session_id: Any) -> Session:
-        with self._lock:
-            session = self._sessions.get(session_id) if isinstance(session_id, str) else None
-            if session is None:
-                raise NotFound(f"no session {session_id!r}; create one first")
-            if session.status != "open":
-                raise Conflict(f"session {session_id} is {session.status}; create a new one")
-            return session
+        return self._sessions.create(checks.heartbeat_timeout(heartbeat_timeout_s))
 
     def heartbeat(self, session_id: str) -> dict[str, Any]:
-        """Keep a session alive."""
-        with self._lock:
-            session = self._open_session(session_id)
-            session.last_heartbeat = self._clock()
-            return session.to_json()
+        """Keep a session alive (``Conflict`` once it is closed or expired)."""
+        return self._sessions.heartbeat(session_id)
 
     def close_session(self, session_id: str) -> dict[str, Any]:
         """Close a session; its runs that are still active are cancelled. Idempotent."""
-        with self._lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise NotFound(f"no session {session_id!r}")
-            if session.status == "open":
-                session.status = "closed"
-                self._cancel_runs_of(session, "its session was closed")
-            return session.to_json()
+        return self._sessions.close(session_id)
 
     def sessions(self) -> list[dict[str, Any]]:
         """Every session this engine has seen (open, closed or expired)."""
-        with self._lock:
-            return [session.to_json() for session in self._sessions.values()]
+        return self._sessions.all()
 
     def get_session(self, session_id: str) -> dict[str, Any]:
-        with self._lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise NotFound(f"no session {session_id!r}")
-            return session.to_json()
+        """A session in any state (``NotFound`` for an unknown id)."""
+        return self._sessions.get(session_id)
 
     def _cancel_runs_of(self, session: Session, why: str) -> None:
         for run_id in session.run_ids:
@@ -275,19 +171,7 @@ class Engine:
         """Expire sessions whose heartbeat lapsed and cancel their runs; returns their ids.
         Also forgets operations older than the retention limit."""
         self.forget_old_operations()
-        now = self._clock()
-        reaped = []
-        with self._lock:
-            for session in self._sessions.values():
-                silent = now - session.last_heartbeat
-                if session.status == "open" and silent > session.heartbeat_timeout_s:
-                    session.status = "expired"
-                    self._cancel_runs_of(
-                        session, f"session {session.session_id} missed its heartbeat "
-                        f"(timeout {session.heartbeat_timeout_s:g} s)"
-                    )
-                    reaped.append(session.session_id)
-        return reaped
+        return self._sessions.expire_silent()
 
     def _reap_loop(self, interval: float) -> None:
         while not self._stopping.wait(interval):
@@ -327,18 +211,23 @@ class Engine:
         unknown or not open, ``TooManyRequests`` past ``limits.max_runs``."""
         spec = checks.lora_spec(spec.rank, spec.alpha, spec.seed, spec.target_modules,
                                 self.limits, self.module_names, self.optional_lora_targets)
-        self._open_session(session_id)
+        self._sessions.open(session_id)
         with self._lock:
             self._check_capacity()
         model = self.new_lora_model(spec)  # the slow part, outside the lock
+        return self._start_new_run(session_id, spec, model).describe()
+
+    def _start_new_run(self, session_id: Any, spec: LoraSpec, model: LoraModel) -> Run:
+        """Register and start a new run on ``model`` (numbered from seq 1) in the session,
+        if it is still open and the run table still has room."""
         with self._lock:
-            session = self._open_session(session_id)  # still open?
+            session = self._sessions.open(session_id)  # still open?
             self._check_capacity()
             run = self._new_run("run-" + uuid.uuid4().hex[:16], session.session_id, spec)
             self._runs[run.run_id] = run
             session.run_ids.append(run.run_id)
-            run.start(model)
-        return run.describe()
+            run.start(model, first_seq=1)
+        return run
 
     def create_run_from_state(self, session_id: str, source_run_id: str, name: str, *,
                               optimizer: bool) -> dict[str, Any]:
@@ -362,7 +251,7 @@ class Engine:
                              f"model {info.get('base_model')!r}; this server runs "
                              f"{self.base_model!r}")
         spec = state.lora_from_json(info["lora"])
-        self._open_session(session_id)
+        self._sessions.open(session_id)
         with self._lock:
             self._check_capacity()
         model = self.new_lora_model(spec)
@@ -371,13 +260,7 @@ class Engine:
                              with_optimizer=optimizer)
         except (LookupError, ValueError) as error:
             raise BadRequest(str(error)) from None
-        with self._lock:
-            session = self._open_session(session_id)  # still open?
-            self._check_capacity()
-            run = self._new_run("run-" + uuid.uuid4().hex[:16], session.session_id, spec)
-            self._runs[run.run_id] = run
-            session.run_ids.append(run.run_id)
-            run.start(model, first_seq=1)
+        run = self._start_new_run(session_id, spec, model)
         return {**run.describe(), "loaded_from": {"run_id": source_run_id, "name": name,
                                                   "step": info["step"],
                                                   "optimizer": optimizer}}
@@ -421,7 +304,7 @@ class Engine:
         that save."""
         run = self._run(run_id)
         with self._lock:
-            session = self._open_session(session_id)
+            session = self._sessions.open(session_id)
             if run.status != "dormant":
                 raise Conflict(f"run {run_id} is {run.status}; only a dormant run can be resumed")
             self._check_capacity()
@@ -435,7 +318,7 @@ class Engine:
             raise
         with self._lock:
             try:
-                session = self._open_session(session.session_id)  # closed meanwhile?
+                session = self._sessions.open(session.session_id)  # closed meanwhile?
             except Exception:
                 run.status = "dormant"
                 raise
@@ -452,16 +335,7 @@ class Engine:
                 record["run_id"], None, state.lora_from_json(record["lora"]),
                 record.get("created_at"),
             )
-            run.last_state = record.get("last_state")
-            run.status, run.status_reason = record["status"], record.get("status_reason")
-            if not run.terminal:
-                if run.last_state:
-                    run.status = "dormant"
-                    run.status_reason = "the server restarted; resume from the last save_state"
-                else:
-                    run.status = "lost"
-                    run.status_reason = "the server restarted before the run saved any state"
-                run.save_record()
+            run.restore(record)
             self._runs[run.run_id] = run
 
     # ------------------------------------------------------------ operations

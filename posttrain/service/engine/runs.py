@@ -116,6 +116,21 @@ class Run:
             self.model = None
         self.save_record()
 
+    def restore(self, record: dict[str, Any]) -> None:
+        """Take the state ``record`` (a ``run.json`` found after a restart) holds: a run that
+        was active becomes ``dormant`` (resumable from its last save_state) or ``lost`` (it
+        never saved); a terminal one stays as it ended."""
+        self.last_state = record.get("last_state")
+        self.status, self.status_reason = record["status"], record.get("status_reason")
+        if not self.terminal:
+            if self.last_state:
+                self.status = "dormant"
+                self.status_reason = "the server restarted; resume from the last save_state"
+            else:
+                self.status = "lost"
+                self.status_reason = "the server restarted before the run saved any state"
+            self.save_record()
+
     # ------------------------------------------------------------ submitting
 
     def submit(self, seq: int | None, primitive: str, fingerprint: str, request: Any):

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.http_core import HttpError, Request, Response, json_response
-from posttrain.service.engine.engine import PRIMITIVES, Engine
+from posttrain.service.engine.capabilities import PRIMITIVES
+from posttrain.service.engine.engine import Engine
 from posttrain.service.engine.errors import BadRequest, NotFound, ServiceError
 from posttrain.service.engine.operations import fingerprint
 from posttrain.service.protocols.json_bodies import body_of
