@@ -69,6 +69,7 @@ from posttrain.service.protocols.tinker.requests import (
     check_optimizer_config,
     checkpoint_path,
     flag,
+    lora_module_groups,
     lora_targets,
     model_id_for,
     whole,
@@ -99,21 +100,6 @@ class TrainingModel:
     session_id: str
     lora_rank: int
     saved_names: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) submitted
-
-
-def lora_module_groups(model: Any, module_names: tuple[str, ...],
-                       optional: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """The model's LoRA target names by tinker switch: "attn", "mlp", "unembed"."""
-    groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": list(optional)}
-    for qualified, _ in model.named_modules():
-        short = qualified.rsplit(".", 1)[-1]
-        if short not in module_names:
-            continue
-        parents = qualified.lower()
-        kind = "attn" if "attn" in parents or "attention" in parents else "mlp"
-        if short not in groups[kind]:
-            groups[kind].append(short)
-    return {kind: tuple(names) for kind, names in groups.items()}
 
 
 def forward_backward_answer(result: dict[str, Any]) -> Answer:
