@@ -127,7 +127,7 @@ class Finish:
 
 
 # the request type of each primitive (``optim_step`` takes the shared ``AdamParams``)
-REQUEST_TYPES: dict[str, type] = {
+REQUEST_TYPES: dict[str, type[Any]] = {
     "save_weights_for_sampler": SaveWeights,
     "sample": SamplingRequest,
     "logprobs": LogprobsRequest,

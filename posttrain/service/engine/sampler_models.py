@@ -105,7 +105,7 @@ class SamplerModels:
         if source.kind == "base":
             return self.policy.model
         if source.kind == "snapshot":
-            model = self.live_models().get(source.run_id)
+            model = self.live_models().get(str(source.run_id))
             if model is None:
                 raise RunNotLive(f"run {source.run_id} has ended, and its sampler snapshots "
                                  "with it")

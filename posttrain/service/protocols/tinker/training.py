@@ -265,8 +265,7 @@ class TinkerTraining:
             raise BadRequest(f"seq_id: expected an integer from 1 up, got {message.seq_id}")
         primitive = "forward" if message.forward_only else "forward_backward"
         digest = digest_of(message.SerializeToString(deterministic=True))
-        request = None
-        refusal = None
+        typed, refusal = None, None
         try:
             wire = forward_backward_wire(message)
             if wire.loss_fn not in SUPPORTED_LOSSES:
@@ -274,24 +273,25 @@ class TinkerTraining:
                 raise BadRequest(f"loss_fn {wire.loss_fn!r} is not supported: {why}. Supported: "
                                  f"{', '.join(SUPPORTED_LOSSES)}")
             # values as the wire holds them (int64 tensors are ints): the engine checks them
-            request = ForwardBackward(
+            config: dict[str, Any] = dict(wire.loss_fn_config)
+            typed = ForwardBackward(
                 data=tuple(Datum(tuple(datum.token_ids),
                                  {key: tuple(values) for key, values
                                   in datum.loss_fn_inputs.items()})
                            for datum in wire.data),
-                loss_function=wire.loss_fn, loss_config=dict(wire.loss_fn_config),
+                loss_function=wire.loss_fn, loss_config=config,
                 backward=not message.forward_only)
         except (ProtoError, BadRequest) as error:
             refusal = str(error)
         return self._sequenced(model, message.seq_id,
                                "Forward" if message.forward_only else "ForwardBackward",
-                               primitive, request, forward_backward_answer, digest, refusal)
+                               primitive, typed, forward_backward_answer, digest, refusal)
 
     def optim_step(self, request: Request) -> dict[str, Any]:
         """``POST /optim_step``: one AdamW step with the ``adam_params`` sent."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
-        request, refusal = None, None
+        params, refusal = None, None
         if body.get("adam_params") is None:
             kind = (body.get("optimizer_params") or {}).get("type", "none") \
                 if isinstance(body.get("optimizer_params"), dict) else "none"
@@ -299,10 +299,10 @@ class TinkerTraining:
                        "with AdamW: send AdamParams")
         else:
             try:
-                request = adam_params(body["adam_params"])
+                params = adam_params(body["adam_params"])
             except BadRequest as error:
                 refusal = error.message
-        return self._sequenced(model, seq, "OptimStep", "optim_step", request,
+        return self._sequenced(model, seq, "OptimStep", "optim_step", params,
                                optim_step_answer, digest_of(body), refusal)
 
     def _name_refusal(self, model: TrainingModel, kind: str, name: Any, overwrite: bool
@@ -382,18 +382,18 @@ class TinkerTraining:
 
     def _load_in_place(self, body: dict[str, Any]) -> dict[str, Any]:
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
-        refusal, request = None, None
+        refusal, target = None, None
         try:
             source = checkpoint_path(body.get("path"))
             if source.kind != "weights":
                 raise BadRequest(f"path: {source.path} holds sampler weights; load a save_state "
                                  "path, tinker://<run_id>/weights/<name>")
-            request = StateName(source.name, source.run_id, flag(body, "optimizer"))
+            target = StateName(source.name, source.run_id, flag(body, "optimizer"))
         except BadRequest as error:
             refusal = error.message
         path = body.get("path")
         return self._sequenced(
-            model, seq, "LoadWeights", "load_state", request,
+            model, seq, "LoadWeights", "load_state", target,
             lambda result: Answer.json({"path": path, "model_id": model.model_id,
                                         "type": "load_weights"}),
             digest_of(body), refusal)
