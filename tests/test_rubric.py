@@ -26,7 +26,8 @@ from posttrain.train.rewards import RuleReward
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUND = get_env("refund")
-LOOKUP = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD-4017"}}\n</tool_call>'
+LOOKUP = ('<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD-4017"}}'
+          '\n</tool_call>')
 
 
 def test_the_rule_rubric_is_the_environments_score_unchanged():
