@@ -56,11 +56,12 @@ def measure(base_model: str, runs: int, torch_threads: int) -> dict:
     from posttrain.envs.refund import REFUND_ENV
     from posttrain.envs.refund.prompts import simulate
     from posttrain.policy.sampler import Sampler, SamplingParams
-    from posttrain.service import requests as parse
-    from posttrain.service.api import start_server
     from posttrain.service.client import AdamParams, ServiceClient
+    from posttrain.service.client.rl import forward_backward_payload, rl_datum
     from posttrain.service.engine import Engine
-    from posttrain.service.rl import forward_backward_payload, rl_datum
+    from posttrain.service.engine.requests import LoraSpec
+    from posttrain.service.protocols.native import parsing as parse
+    from posttrain.service.server import start_server
 
     state = tempfile.mkdtemp(prefix="posttrain-service-bench-")
     engine = Engine(base_model, state, torch_threads=torch_threads)
@@ -69,7 +70,7 @@ def measure(base_model: str, runs: int, torch_threads: int) -> dict:
         client = ServiceClient(server.url)
         session = client.create_session()
         run = session.create_run(rank=16, alpha=32, seed=0)
-        local = engine._new_model(parse.LoraSpec(16, 32.0, engine.module_names, 0))
+        local = engine.new_lora_model(LoraSpec(16, 32.0, engine.module_names, 0))
         run.save_weights_for_sampler(0)
         local.save_weights_for_sampler(0)
 

@@ -359,17 +359,18 @@ VALID_LORA = {"rank": 4, "alpha": 8, "seed": 0, "target_modules": ["q_proj", "v_
 
 
 def check_service_body(drawn: tuple[str, Any], context: dict[str, Any]) -> bool:
-    from posttrain.service import requests
-    from posttrain.service.errors import ServiceError
+    from posttrain.service.engine.errors import ServiceError
+    from posttrain.service.engine.requests import Limits
+    from posttrain.service.protocols.native import parsing
 
     primitive, body = drawn
-    limits = requests.Limits(max_sequence_tokens=64, max_tokens_per_call=512)
+    limits = Limits(max_sequence_tokens=64, max_tokens_per_call=512)
     try:
         if primitive == "create_run":
-            requests.parse_lora(body, limits, ("q_proj", "v_proj", "o_proj"))
+            parsing.parse_lora(body, limits, ("q_proj", "v_proj", "o_proj"))
         else:
-            requests.sequence_number(body)
-            requests.parse_primitive(primitive, body, 100, limits)
+            parsing.sequence_number(body)
+            parsing.parse_primitive(primitive, body, 100, limits)
     except ServiceError as error:
         assert 400 <= error.status < 500 and str(error)
         return False

@@ -38,8 +38,8 @@ def policy(starter_2m_folder):
 
 @pytest.fixture(scope="module")
 def served(policy, tmp_path_factory):
-    from posttrain.service.api import start_server
     from posttrain.service.engine import Engine
+    from posttrain.service.server import start_server
 
     engine = Engine(BASE, tmp_path_factory.mktemp("state"), policy=policy, torch_threads=1)
     running = start_server(engine, port=0)
@@ -49,8 +49,8 @@ def served(policy, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served_with_token(policy, tmp_path_factory):
-    from posttrain.service.api import start_server
     from posttrain.service.engine import Engine
+    from posttrain.service.server import start_server
 
     engine = Engine(BASE, tmp_path_factory.mktemp("state"), policy=policy, torch_threads=1)
     running = start_server(engine, port=0, token="s3cret")

@@ -56,9 +56,9 @@ def run_server_target(tmp_path, read_timeout_s=30.0):
 
 
 def service_target(tmp_path, policy):
-    from posttrain.service.api import start_server
     from posttrain.service.engine import Engine
-    from posttrain.service.requests import Limits
+    from posttrain.service.engine.requests import Limits
+    from posttrain.service.server import start_server
 
     engine = Engine("starter-2m", tmp_path / "state", policy=policy,
                     limits=Limits(max_body_bytes=LIMIT), torch_threads=1)
@@ -195,7 +195,7 @@ def test_both_servers_share_one_loopback_rule():
         with pytest.raises(PosttrainError, match="--token"):
             check_bind(host, None)
         check_bind(host, "secret")
-    from posttrain.service.api import check_bind as service_bind
+    from posttrain.service.server import check_bind as service_bind
 
     service_bind("127.0.1.1", None)  # the service used to refuse this one
     with pytest.raises(PosttrainError, match="--token"):
@@ -203,8 +203,8 @@ def test_both_servers_share_one_loopback_rule():
 
 
 def test_the_service_drops_a_client_stalled_mid_body(tmp_path, service_policy):
-    from posttrain.service.api import start_server
     from posttrain.service.engine import Engine
+    from posttrain.service.server import start_server
 
     engine = Engine("starter-2m", tmp_path / "state", policy=service_policy, torch_threads=1)
     running = start_server(engine, port=0, read_timeout_s=0.5)

@@ -77,8 +77,8 @@ def test_a_model_behind_posttrain_serve_as_the_judge(starter_2m_folder, tmp_path
     """The plumbing end to end with a real model as judge: the tiny starter is no judge
     (it rarely says PASS or FAIL), and the table says how many it left without a verdict."""
     from posttrain.policy.loading import load_policy
-    from posttrain.service.api import start_server
     from posttrain.service.engine import Engine
+    from posttrain.service.server import start_server
 
     engine = Engine("starter-2m", tmp_path / "state", torch_threads=1,
                     policy=load_policy("starter-2m", device="cpu", show_progress=False))

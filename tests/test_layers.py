@@ -1,7 +1,9 @@
 """The package's floors and its lack of import cycles, held by import-linter (.importlinter).
 
 The contracts run on the real tree, and on a copy with a planted upward import and a
-planted cycle, to show that a break fails the test command rather than passing unseen.
+planted cycle, to show that a break fails the test command rather than passing unseen;
+likewise the service's wings (engine, protocols, client) with a planted import from the
+client into the engine and one between two protocol wings.
 Function-local imports of posttrain modules are allowed only where the imported module
 needs an optional extra, each with a comment that says so.
 """
@@ -51,7 +53,7 @@ def _plant(module: Path, line: str) -> None:
 def test_the_contracts_hold_on_the_tree():
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 2 kept, 0 broken." in result.stdout
+    assert "Contracts: 5 kept, 0 broken." in result.stdout
 
 
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
@@ -73,6 +75,37 @@ def test_a_planted_cycle_inside_a_package_is_caught(tmp_path):
     result = _lint_imports(tree)
     assert result.returncode != 0
     assert "No cycles are allowed in posttrain.score." in result.stdout
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
+def test_a_planted_import_from_the_service_client_into_the_engine_is_caught(tmp_path):
+    tree = _copy_of_package(tmp_path)
+    # the client runs on the caller's machine without torch: it may not reach the engine
+    _plant(tree / "posttrain/service/client/service_client.py",
+           "from posttrain.service.engine import losses  # noqa")
+    result = _lint_imports(tree)
+    assert result.returncode != 0
+    report = " ".join(result.stdout.split())  # import-linter wraps its lines at 80 columns
+    assert "posttrain.service.client is not allowed to import posttrain.service.engine" \
+        in report
+    assert "posttrain.service.client.service_client -> posttrain.service.engine.losses" \
+        in report
+    assert "the service's client never imports its server side" in report
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
+def test_a_planted_import_between_two_protocol_wings_is_caught(tmp_path):
+    tree = _copy_of_package(tmp_path)
+    # each wing translates its own wire format onto the engine; none borrows another's
+    _plant(tree / "posttrain/service/protocols/tinker/training.py",
+           "from posttrain.service.protocols.native import parsing  # noqa")
+    result = _lint_imports(tree)
+    assert result.returncode != 0
+    report = " ".join(result.stdout.split())  # import-linter wraps its lines at 80 columns
+    assert "posttrain.service.protocols.tinker is not allowed to import " \
+        "posttrain.service.protocols.native" in report
+    assert "posttrain.service.protocols.tinker.training -> " \
+        "posttrain.service.protocols.native.parsing" in report
 
 
 def _deferred_posttrain_imports() -> list[tuple[Path, int, str]]:

@@ -10,9 +10,9 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 
-from posttrain.service.api import start_server  # noqa: E402
 from posttrain.service.client import AdamParams, ServiceClient  # noqa: E402
 from posttrain.service.engine import Engine  # noqa: E402
+from posttrain.service.server import start_server  # noqa: E402
 
 BASE = "starter-2m"
 TOOLS = [

@@ -21,7 +21,7 @@ from posttrain.score.rubric import (
     training_rubric,
     trl_scale_rewards,
 )
-from posttrain.service import algorithms, rl
+from posttrain.service.client import algorithms, rl
 from posttrain.train.rewards import RuleReward
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from posttrain.errors import PosttrainError  # noqa: E402
-from posttrain.service.api import check_bind, start_server  # noqa: E402
 from posttrain.service.client import (  # noqa: E402
     AdamParams,
     OperationCancelled,
@@ -28,7 +27,8 @@ from posttrain.service.client import (  # noqa: E402
     ServiceRequestError,
 )
 from posttrain.service.engine import PRIMITIVES, Engine  # noqa: E402
-from posttrain.service.requests import Limits  # noqa: E402
+from posttrain.service.engine.requests import Limits  # noqa: E402
+from posttrain.service.server import check_bind, start_server  # noqa: E402
 
 BASE = "starter-2m"
 ADAM = AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
@@ -46,7 +46,7 @@ def policy(starter_2m_folder):
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread: on a busy 2-core machine a 2-thread OpenMP team stalls at every
-    barrier (see posttrain.service.compute). Restored afterwards for other test files."""
+    barrier (see posttrain.service.engine.compute). Restored afterwards for other test files."""
     before = torch.get_num_threads()
     yield 1
     torch.set_num_threads(before)
@@ -592,8 +592,8 @@ def test_a_refused_step_leaves_the_adapter_and_the_optimizer_as_they_were(policy
     ones before it, and a sane step then works from there."""
     from copy import deepcopy
 
-    from posttrain.service import requests as typed
-    from posttrain.service.lora_model import LoraModel
+    from posttrain.service.engine import requests as typed
+    from posttrain.service.engine.lora_model import LoraModel
 
     spec = typed.LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"), seed=1)
     model = LoraModel(deepcopy(policy.model), policy.tokenizer, spec)

@@ -1,7 +1,7 @@
 """The service's built-in losses against references written out here with plain autograd.
 
 Each test builds a tiny random Qwen2 (no download, no cache), computes the learner's
-target logprobs, and checks that ``posttrain.service.losses`` gives the same summed loss
+target logprobs, and checks that ``posttrain.service.engine.losses`` gives the same summed loss
 and the same parameter gradients as an independent per-token reference.
 """
 
@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from posttrain.service import losses  # noqa: E402
+from posttrain.service.engine import losses  # noqa: E402
 
 VOCAB = 64
 

@@ -16,11 +16,12 @@ from posttrain.score.passat import pass_at
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from posttrain.service import algorithms  # noqa: E402
-from posttrain.service.api import start_server  # noqa: E402
-from posttrain.service.client import AdamParams, ServiceClient  # noqa: E402
-from posttrain.service.engine import Engine  # noqa: E402
-from posttrain.service.rl import (  # noqa: E402
+from posttrain.service.client import (  # noqa: E402
+    AdamParams,
+    ServiceClient,
+    algorithms,
+)
+from posttrain.service.client.rl import (  # noqa: E402
     Algorithm,
     AlgorithmNotExpressible,
     LoopContext,
@@ -34,6 +35,8 @@ from posttrain.service.rl import (  # noqa: E402
     run_rl_loop,
     teacher_from_run,
 )
+from posttrain.service.engine import Engine  # noqa: E402
+from posttrain.service.server import start_server  # noqa: E402
 
 BASE = "starter-2m"
 PROMPTS = ("Where is my order ORD-4417?", "Can I get a refund for my last purchase?")

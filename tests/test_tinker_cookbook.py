@@ -34,8 +34,8 @@ from tinker_cookbook.supervised.data import FromConversationFileBuilder
 from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-from posttrain.service.api import start_server
 from posttrain.service.engine import Engine
+from posttrain.service.server import start_server
 
 BASE = "starter-2m"
 # the cookbook's Qwen3 instruct renderer writes `<|im_start|>role\n...<|im_end|>`, the

@@ -25,9 +25,9 @@ tinker = pytest.importorskip("tinker")
 
 from tinker import types  # noqa: E402
 
-from posttrain.service.api import start_server  # noqa: E402
 from posttrain.service.engine import Engine  # noqa: E402
-from posttrain.service.requests import Limits  # noqa: E402
+from posttrain.service.engine.requests import Limits  # noqa: E402
+from posttrain.service.server import start_server  # noqa: E402
 
 BASE = "starter-2m"
 ADAM = types.AdamParams(learning_rate=5e-3, beta1=0.9, beta2=0.95, eps=1e-8,

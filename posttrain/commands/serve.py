@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 from posttrain.errors import PosttrainError
-from posttrain.service.api import serve
-from posttrain.service.requests import Limits
+from posttrain.service.engine.requests import Limits
+from posttrain.service.server import serve
 
 DESCRIPTION = """\
 Serve one base model and any number of LoRA runs over HTTP. Clients create a session, a

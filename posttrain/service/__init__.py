@@ -1,14 +1,21 @@
 """The training-primitives service: ordered primitives over HTTP, caller-owned loss math.
 
-Server side: ``Engine`` (one base model, sessions, LoRA runs, ordered operations) and
-``serve`` / ``start_server`` (HTTP). Caller side: ``ServiceClient`` and the RL helpers
-(``group_mean_advantages``, ``all_zero``, ``rl_datum``, ``forward_backward_payload``,
-``run_rl_loop``). See docs/service.md. Importing this package loads no model and no torch.
+Three wings over a shared schema (docs/service.md, "Where things live"):
+
+- ``engine/``: one base model, sessions, LoRA runs, ordered operations (``Engine``);
+- ``protocols/``: the wire formats on the engine (posttrain's own JSON, OpenAI chat,
+  tinker), served together by ``server`` (``serve`` / ``start_server``);
+- ``client/``: the caller's side, ``ServiceClient`` and the RL helpers
+  (``group_mean_advantages``, ``all_zero``, ``rl_datum``, ``forward_backward_payload``,
+  ``run_rl_loop``), standard library only;
+- ``schema``: the request types both sides share (``AdamParams``).
+
+Importing this package loads no model and no torch.
 """
 
 from __future__ import annotations
 
-from posttrain.service import api
+from posttrain.service import server
 from posttrain.service.client import (
     AdamParams,
     Operation,
@@ -20,8 +27,7 @@ from posttrain.service.client import (
     ServiceUnavailable,
     Session,
 )
-from posttrain.service.engine import Engine
-from posttrain.service.rl import (
+from posttrain.service.client.rl import (
     Algorithm,
     AlgorithmNotExpressible,
     LoopContext,
@@ -35,6 +41,7 @@ from posttrain.service.rl import (
     rl_datum,
     run_rl_loop,
 )
+from posttrain.service.engine import Engine
 
 __all__ = [
     "AdamParams", "Algorithm", "AlgorithmNotExpressible", "Engine", "LoopContext", "LoopReport",
@@ -50,5 +57,5 @@ def __getattr__(name: str):
     if name == "Engine":
         return Engine
     if name in ("serve", "start_server"):
-        return getattr(api, name)
+        return getattr(server, name)
     raise AttributeError(f"module 'posttrain.service' has no attribute {name!r}")

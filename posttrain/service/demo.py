@@ -44,11 +44,10 @@ from posttrain.score.delta import delta
 from posttrain.score.passat import pass_at
 from posttrain.score.rows import grade_replies, save_rows
 from posttrain.score.rubric import rule_rubric
-from posttrain.service import algorithms
-from posttrain.service.api import start_server
-from posttrain.service.client import Run, ServiceClient
+from posttrain.service.client import Run, ServiceClient, algorithms
+from posttrain.service.client.rl import LoopSettings, run_rl_loop
 from posttrain.service.engine import Engine
-from posttrain.service.rl import LoopSettings, run_rl_loop
+from posttrain.service.server import start_server
 
 STOP = ("</tool_call>",)  # the wire format's end of a call (posttrain.envs.wire)
 

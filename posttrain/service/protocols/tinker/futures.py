@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.http_core import json_bytes
-from posttrain.service.errors import BadRequest, NotFound, ServiceError
+from posttrain.service.engine.errors import BadRequest, NotFound, ServiceError
 
 
 @dataclass(frozen=True)

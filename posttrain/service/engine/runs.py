@@ -25,13 +25,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from posttrain.service import state
-from posttrain.service.compute import ComputeThread
-from posttrain.service.errors import Conflict
-from posttrain.service.operations import Operation, OrderedQueue
-from posttrain.service.requests import LoraSpec
+from posttrain.service.engine import state
+from posttrain.service.engine.compute import ComputeThread
+from posttrain.service.engine.errors import Conflict
+from posttrain.service.engine.operations import Operation, OrderedQueue
+from posttrain.service.engine.requests import LoraSpec
+from posttrain.service.schema import TERMINAL_RUN_STATES
 
-TERMINAL_RUN_STATES = ("finished", "cancelled", "failed", "lost")
 FAILS_THE_RUN = ("forward_backward", "optim_step", "load_state")
 
 
@@ -115,6 +115,21 @@ class Run:
             self.model.release()  # drops references only; no torch work
             self.model = None
         self.save_record()
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Take the state ``record`` (a ``run.json`` found after a restart) holds: a run that
+        was active becomes ``dormant`` (resumable from its last save_state) or ``lost`` (it
+        never saved); a terminal one stays as it ended."""
+        self.last_state = record.get("last_state")
+        self.status, self.status_reason = record["status"], record.get("status_reason")
+        if not self.terminal:
+            if self.last_state:
+                self.status = "dormant"
+                self.status_reason = "the server restarted; resume from the last save_state"
+            else:
+                self.status = "lost"
+                self.status_reason = "the server restarted before the run saved any state"
+            self.save_record()
 
     # ------------------------------------------------------------ submitting
 

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.service.errors import BadRequest, TooLarge
-from posttrain.service.requests import Limits
+from posttrain.service.engine.errors import BadRequest, TooLarge
+from posttrain.service.engine.requests import Limits
 
 TESTED_SDK_VERSION = "0.38.0"
 KNOWN_SDK_SERIES = (0, 38)
@@ -140,6 +140,21 @@ def checkpoint_path(value: Any, where: str = "path") -> CheckpointPath:
 
 
 # ---------------------------------------------------------------- models
+
+
+def lora_module_groups(model: Any, module_names: tuple[str, ...],
+                       optional: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The model's LoRA target names by tinker switch: "attn", "mlp", "unembed"."""
+    groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": list(optional)}
+    for qualified, _ in model.named_modules():
+        short = qualified.rsplit(".", 1)[-1]
+        if short not in module_names:
+            continue
+        parents = qualified.lower()
+        kind = "attn" if "attn" in parents or "attention" in parents else "mlp"
+        if short not in groups[kind]:
+            groups[kind].append(short)
+    return {kind: tuple(names) for kind, names in groups.items()}
 
 
 def lora_targets(lora_config: Any, groups: dict[str, tuple[str, ...]]) -> tuple[str, ...]:

@@ -35,14 +35,14 @@ from typing import Any
 
 from posttrain.policy.models import lora_config
 from posttrain.policy.sampler import Sampler, SamplingParams
-from posttrain.service import losses
-from posttrain.service.requests import (
-    AdamParams,
+from posttrain.service.engine import losses
+from posttrain.service.engine.requests import (
     ForwardBackward,
     LogprobsRequest,
     LoraSpec,
     SamplingRequest,
 )
+from posttrain.service.schema import AdamParams
 
 ADAPTER_NAME = "default"
 # one forward pass holds at most this many logits (x 4 bytes, twice with log-softmax):
@@ -302,7 +302,10 @@ class LoraModel:
             evicted.append(oldest)
         return {"version": version, "step": self.step, "evicted_versions": evicted}
 
-    def _model_for(self, version: int | None) -> Any:
+    def model_for(self, version: int | None) -> Any:
+        """The torch model of sampler version ``version`` (None: the trainer itself): the
+        run's sampler tree with that snapshot loaded into it. ``LookupError`` for a version
+        that was not saved (or was dropped, past ``max_versions``)."""
         if version is None:
             return self.trainer
         if version not in self.versions:
@@ -331,7 +334,7 @@ class LoraModel:
         Sample ``i`` uses seed ``seed + i`` (so seeded samples are reproducible and not
         duplicates); without a seed one is drawn and returned.
         """
-        model = self._model_for(request.version)
+        model = self.model_for(request.version)
         if self._sampler is None:
             self._sampler = Sampler(SimpleNamespace(model=model, tokenizer=self.tokenizer))
         seed = request.seed if request.seed is not None else random.SystemRandom().randrange(2**62)
@@ -364,7 +367,7 @@ class LoraModel:
         entry 0 is None (nothing predicts the first token)."""
         import torch
 
-        model = self._model_for(request.version)
+        model = self.model_for(request.version)
         runnable = [i for i, seq in enumerate(request.sequences) if len(seq) > 1]
         inputs = [request.sequences[i][:-1] for i in runnable]
         targets = [list(request.sequences[i][1:]) for i in runnable]

@@ -28,14 +28,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.service.schema import (
+    API_PREFIX,
+    TERMINAL_OPERATION_STATES,
+    TERMINAL_RUN_STATES,
+    AdamParams,
+)
 
-PREFIX = "/v1/training"
 LONG_POLL_S = 10.0
-TERMINAL_RUN_STATES = ("finished", "cancelled", "failed", "lost")
 
 
 class ServiceRequestError(PosttrainError):
@@ -63,21 +66,6 @@ class OperationFailed(PosttrainError):
 
 class OperationCancelled(OperationFailed):
     """An operation was cancelled before it ran (the run was cancelled or ended)."""
-
-
-@dataclass(frozen=True)
-class AdamParams:
-    """AdamW hyper-parameters; every one is explicit. ``grad_clip_norm`` 0 = no clipping."""
-
-    learning_rate: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip_norm: float
-
-    def to_json(self) -> dict[str, float]:
-        return asdict(self)
 
 
 class ServiceClient:
@@ -119,7 +107,7 @@ class ServiceClient:
             if attempt:
                 time.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
             request = urllib.request.Request(
-                self.url + PREFIX + path, data=data, method=method, headers=headers
+                self.url + API_PREFIX + path, data=data, method=method, headers=headers
             )
             try:
                 with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as answer:
@@ -134,7 +122,7 @@ class ServiceClient:
                     TimeoutError) as error:
                 last_error = error
         raise ServiceUnavailable(
-            f"{method} {self.url}{PREFIX}{path}: no answer after {attempts} attempt(s): "
+            f"{method} {self.url}{API_PREFIX}{path}: no answer after {attempts} attempt(s): "
             f"{last_error}"
         )
 
@@ -266,7 +254,7 @@ class Operation:
 
     @property
     def done(self) -> bool:
-        return self.info["status"] in ("succeeded", "failed", "cancelled")
+        return self.info["status"] in TERMINAL_OPERATION_STATES
 
     def result(self, timeout_s: float | None = 600.0) -> dict[str, Any]:
         """The result once the operation succeeds.

@@ -6,8 +6,9 @@ for, alpha 32 whatever the rank, on the attention, MLP and unembedding layers th
 ``train_attn`` / ``train_mlp`` / ``train_unembed`` switch on.
 
 Every ``seq_id``'d request becomes exactly one engine primitive with that same ``seq``,
-so the run's ordered queue keeps the client's order, and retries of the same
-(model_id, seq_id) find the first future:
+handed to the engine as its typed request (``posttrain.service.engine.requests``), so the
+run's ordered queue keeps the client's order, and retries of the same (model_id, seq_id)
+find the first future:
 
 =============================================  =========================================
 tinker request                                 engine primitive
@@ -36,10 +37,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.http_core import Request
-from posttrain.service import requests as engine_requests
-from posttrain.service import state
-from posttrain.service.errors import BadRequest, NotFound, TooLarge
-from posttrain.service.tinker_futures import (
+from posttrain.service.engine import state
+from posttrain.service.engine.checks import state_name
+from posttrain.service.engine.errors import BadRequest, NotFound, TooLarge
+from posttrain.service.engine.operations import fingerprint
+from posttrain.service.engine.requests import (
+    Datum,
+    ForwardBackward,
+    LoraSpec,
+    SaveWeights,
+    StateName,
+)
+from posttrain.service.protocols.json_bodies import adam_params
+from posttrain.service.protocols.tinker.futures import (
     Answer,
     FutureStore,
     Waiter,
@@ -47,23 +57,24 @@ from posttrain.service.tinker_futures import (
     operation_waiter,
     task_waiter,
 )
-from posttrain.service.tinker_proto import (
+from posttrain.service.protocols.tinker.proto import (
     ProtoError,
     encode_forward_backward_output,
     forward_backward_wire,
     read_forward_backward,
 )
-from posttrain.service.tinker_requests import (
+from posttrain.service.protocols.tinker.requests import (
     TINKER_LORA_ALPHA,
     body_object,
     check_optimizer_config,
     checkpoint_path,
     flag,
+    lora_module_groups,
     lora_targets,
     model_id_for,
     whole,
 )
-from posttrain.service.tinker_sampling import SamplerSource
+from posttrain.service.protocols.tinker.sampling import SamplerSource
 
 SUPPORTED_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 REFUSED_LOSSES = {
@@ -89,21 +100,6 @@ class TrainingModel:
     session_id: str
     lora_rank: int
     saved_names: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) submitted
-
-
-def lora_module_groups(model: Any, module_names: tuple[str, ...],
-                       optional: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """The model's LoRA target names by tinker switch: "attn", "mlp", "unembed"."""
-    groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": list(optional)}
-    for qualified, _ in model.named_modules():
-        short = qualified.rsplit(".", 1)[-1]
-        if short not in module_names:
-            continue
-        parents = qualified.lower()
-        kind = "attn" if "attn" in parents or "attention" in parents else "mlp"
-        if short not in groups[kind]:
-            groups[kind].append(short)
-    return {kind: tuple(names) for kind, names in groups.items()}
 
 
 def forward_backward_answer(result: dict[str, Any]) -> Answer:
@@ -167,12 +163,11 @@ class TinkerTraining:
         targets = lora_targets(lora, self.lora_groups)
         check_optimizer_config(body.get("optimizer_config"))
         model_id = model_id_for(session_id, model_seq_id)
-        run_body = {"session_id": session_id, "rank": rank, "alpha": TINKER_LORA_ALPHA,
-                    "target_modules": list(targets),
-                    "seed": seed if seed is not None else uuid.uuid4().int % 2**62}
+        spec = LoraSpec(rank=rank, alpha=TINKER_LORA_ALPHA, target_modules=targets,
+                        seed=seed if seed is not None else uuid.uuid4().int % 2**62)
 
         def work() -> Answer:
-            run = self.engine.create_run(run_body)
+            run = self.engine.create_run(session_id, spec)
             self._add_model(TrainingModel(model_id, run["run_id"], session_id, rank))
             return Answer.json({"model_id": model_id, "type": "create_model"})
 
@@ -230,18 +225,21 @@ class TinkerTraining:
     # ------------------------------------------------------------ sequenced requests
 
     def _sequenced(self, model: TrainingModel, seq: int, request_type: str, primitive: str,
-                   body: dict[str, Any], convert: Callable[[dict[str, Any]], Answer],
+                   request: Any, convert: Callable[[dict[str, Any]], Answer],
                    digest: str, refusal: str | None = None,
                    on_start: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Submit one request of a training client as engine primitive ``primitive`` at
-        ``seq``, or, with a ``refusal``, record ``seq`` as refused (module docstring)."""
+        """Submit one request of a training client as engine primitive ``primitive`` (its
+        typed ``request``) at ``seq``, or, with a ``refusal``, record ``seq`` as refused
+        (module docstring). ``digest`` identifies the SDK's request, for retries."""
+        # the engine compares this on a retry of seq; the SDK's request is what was sent
+        sent = fingerprint(primitive, {"digest": digest})
 
         def start() -> Waiter:
             operation = None
             if refusal is None:
                 try:
-                    operation, _ = self.engine.submit(model.run_id, primitive,
-                                                      {"seq": seq, **body})
+                    operation, _ = self.engine.submit(model.run_id, primitive, request, seq=seq,
+                                                      fingerprint=sent)
                 except (BadRequest, TooLarge) as error:
                     reason = error.message
                 else:
@@ -250,8 +248,8 @@ class TinkerTraining:
             else:
                 reason = refusal
             if operation is None:
-                operation = self.engine.refuse(model.run_id, seq, primitive,
-                                               {"digest": digest}, reason)
+                operation = self.engine.refuse(model.run_id, seq, primitive, reason,
+                                               fingerprint=sent)
             return operation_waiter(self.engine, operation["operation_id"], convert)
 
         future, _ = self.futures.submit(("train", model.model_id, seq), digest, request_type,
@@ -267,42 +265,51 @@ class TinkerTraining:
             raise BadRequest(f"seq_id: expected an integer from 1 up, got {message.seq_id}")
         primitive = "forward" if message.forward_only else "forward_backward"
         digest = digest_of(message.SerializeToString(deterministic=True))
-        body: dict[str, Any] = {}
-        refusal = None
+        typed, refusal = None, None
         try:
             wire = forward_backward_wire(message)
             if wire.loss_fn not in SUPPORTED_LOSSES:
                 why = REFUSED_LOSSES.get(wire.loss_fn, "it is not one this server computes")
                 raise BadRequest(f"loss_fn {wire.loss_fn!r} is not supported: {why}. Supported: "
                                  f"{', '.join(SUPPORTED_LOSSES)}")
-            body = {"loss_function": wire.loss_fn, "loss_config": wire.loss_fn_config,
-                    "data": [{"model_input": {"token_ids": datum.token_ids},
-                              "loss_fn_inputs": datum.loss_fn_inputs} for datum in wire.data]}
+            # values as the wire holds them (int64 tensors are ints): the engine checks them
+            config: dict[str, Any] = dict(wire.loss_fn_config)
+            typed = ForwardBackward(
+                data=tuple(Datum(tuple(datum.token_ids),
+                                 {key: tuple(values) for key, values
+                                  in datum.loss_fn_inputs.items()})
+                           for datum in wire.data),
+                loss_function=wire.loss_fn, loss_config=config,
+                backward=not message.forward_only)
         except (ProtoError, BadRequest) as error:
             refusal = str(error)
         return self._sequenced(model, message.seq_id,
                                "Forward" if message.forward_only else "ForwardBackward",
-                               primitive, body, forward_backward_answer, digest, refusal)
+                               primitive, typed, forward_backward_answer, digest, refusal)
 
     def optim_step(self, request: Request) -> dict[str, Any]:
         """``POST /optim_step``: one AdamW step with the ``adam_params`` sent."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
-        refusal = None
+        params, refusal = None, None
         if body.get("adam_params") is None:
             kind = (body.get("optimizer_params") or {}).get("type", "none") \
                 if isinstance(body.get("optimizer_params"), dict) else "none"
             refusal = (f"optim_step: optimizer {kind!r} is not supported; this server steps "
                        "with AdamW: send AdamParams")
-        return self._sequenced(model, seq, "OptimStep", "optim_step",
-                               {"adam_params": body.get("adam_params")}, optim_step_answer,
-                               digest_of(body), refusal)
+        else:
+            try:
+                params = adam_params(body["adam_params"])
+            except BadRequest as error:
+                refusal = error.message
+        return self._sequenced(model, seq, "OptimStep", "optim_step", params,
+                               optim_step_answer, digest_of(body), refusal)
 
     def _name_refusal(self, model: TrainingModel, kind: str, name: Any, overwrite: bool
                       ) -> str | None:
         """Why a checkpoint name cannot be used (None when it can)."""
         try:
-            engine_requests.state_name(name, "path")
+            state_name(name, "path")
         except BadRequest as error:
             return error.message
         sub = "states" if kind == "weights" else "exports"
@@ -329,7 +336,7 @@ class TinkerTraining:
         refusal = self._name_refusal(model, "weights", name, flag(body, "overwrite"))
         path = f"tinker://{model.run_id}/weights/{name}"
         return self._sequenced(
-            model, seq, "SaveWeights", "save_state", {"name": name},
+            model, seq, "SaveWeights", "save_state", StateName(str(name)),
             lambda result: Answer.json({"path": path, "type": "save_weights"}),
             digest_of(body), refusal, self._note_name(model, "weights", str(name)))
 
@@ -344,7 +351,7 @@ class TinkerTraining:
             refusal = self._name_refusal(model, "sampler_weights", name, False)
             path = f"tinker://{model.run_id}/sampler_weights/{name}"
             return self._sequenced(
-                model, seq, "SaveWeightsForSampler", "export_lora", {"name": name},
+                model, seq, "SaveWeightsForSampler", "export_lora", StateName(str(name)),
                 lambda result: Answer.json({"path": path, "type": "save_weights_for_sampler"}),
                 digest, refusal, self._note_name(model, "sampler_weights", str(name)))
         # unnamed: an in-memory snapshot (version = seq) and a sampling session on it. An
@@ -359,7 +366,7 @@ class TinkerTraining:
         except BadRequest as error:
             refusal, sampling_session_id = error.message, ""
         return self._sequenced(
-            model, seq, "SaveWeightsForSampler", "save_weights_for_sampler", {"version": seq},
+            model, seq, "SaveWeightsForSampler", "save_weights_for_sampler", SaveWeights(seq),
             lambda result: Answer.json({"sampling_session_id": sampling_session_id,
                                         "type": "save_weights_for_sampler"}),
             digest, refusal)
@@ -369,25 +376,24 @@ class TinkerTraining:
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         return self._sequenced(
-            model, seq, "SaveWeightsExternal", "export_lora", {}, Answer.json, digest_of(body),
+            model, seq, "SaveWeightsExternal", "export_lora", None, Answer.json, digest_of(body),
             "save_weights_external is not served; save_weights_for_sampler(name) writes a PEFT "
             "adapter folder (runs/<run_id>/exports/<name> in the server's state folder)")
 
     def _load_in_place(self, body: dict[str, Any]) -> dict[str, Any]:
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
-        refusal, engine_body = None, {}
+        refusal, target = None, None
         try:
             source = checkpoint_path(body.get("path"))
             if source.kind != "weights":
                 raise BadRequest(f"path: {source.path} holds sampler weights; load a save_state "
                                  "path, tinker://<run_id>/weights/<name>")
-            engine_body = {"name": source.name, "run_id": source.run_id,
-                           "optimizer": flag(body, "optimizer")}
+            target = StateName(source.name, source.run_id, flag(body, "optimizer"))
         except BadRequest as error:
             refusal = error.message
         path = body.get("path")
         return self._sequenced(
-            model, seq, "LoadWeights", "load_state", engine_body,
+            model, seq, "LoadWeights", "load_state", target,
             lambda result: Answer.json({"path": path, "model_id": model.model_id,
                                         "type": "load_weights"}),
             digest_of(body), refusal)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from posttrain.service.rl import (
+from posttrain.service.client.rl import (
     Algorithm,
     LoopContext,
     all_zero,

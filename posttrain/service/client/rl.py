@@ -34,7 +34,9 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 from posttrain.score.rubric import all_zero, group_mean_advantages, leave_one_out_advantages
-from posttrain.service.client import AdamParams, Run, ServiceClient
+from posttrain.service.client.datums import forward_backward_payload, rl_datum, weighted_datum
+from posttrain.service.client.service_client import Run, ServiceClient
+from posttrain.service.schema import AdamParams
 
 BuildLoss = Callable[[dict, int, dict, "LoopContext"], dict]
 
@@ -49,72 +51,9 @@ class AlgorithmNotExpressible(PosttrainError):
 
 # ---------------------------------------------------------------- helpers (pure)
 # the advantages (group_mean_advantages, leave_one_out_advantages, all_zero) are the
-# reward pipeline's, defined once in posttrain.score.rubric and re-exported here
-
-
-def rl_datum(
-    prompt_tokens: Sequence[int],
-    completion_tokens: Sequence[int],
-    completion_logprobs: Sequence[float],
-    advantage: float | Sequence[float],
-) -> dict[str, Any]:
-    """One policy-gradient datum for prompt + completion, in the wire convention.
-
-    ``model_input`` is the full sequence minus its last token and ``target_tokens`` the
-    full sequence minus its first, so position ``i`` predicts token ``i + 1``. Prompt
-    positions get logprob 0, advantage 0 and weight 0; completion positions the sampled
-    logprob, the advantage (one number for every token, or one per token) and weight 1.
-    """
-    prompt, completion = list(prompt_tokens), list(completion_tokens)
-    if not prompt or not completion:
-        raise ValueError("rl_datum needs a non-empty prompt and a non-empty completion")
-    if len(completion_logprobs) != len(completion):
-        raise ValueError(
-            f"{len(completion)} completion tokens but {len(completion_logprobs)} logprobs"
-        )
-    if isinstance(advantage, (int, float)):
-        per_token = [float(advantage)] * len(completion)
-    else:
-        per_token = [float(a) for a in advantage]
-        if len(per_token) != len(completion):
-            raise ValueError(f"{len(completion)} completion tokens but {len(per_token)} advantages")
-    full = prompt + completion
-    pad = [0.0] * (len(prompt) - 1)
-    return {
-        "model_input": {"token_ids": full[:-1]},
-        "loss_fn_inputs": {
-            "target_tokens": full[1:],
-            "logprobs": pad + [float(lp) for lp in completion_logprobs],
-            "advantages": pad + per_token,
-            "weights": pad + [1.0] * len(completion),
-        },
-    }
-
-
-def weighted_datum(
-    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], weight: float | Sequence[float]
-) -> dict[str, Any]:
-    """A ``cross_entropy`` datum: weight 0 on the prompt, ``weight`` on each completion token."""
-    prompt, completion = list(prompt_tokens), list(completion_tokens)
-    if not prompt or not completion:
-        raise ValueError("weighted_datum needs a non-empty prompt and a non-empty completion")
-    weights = ([float(weight)] * len(completion) if isinstance(weight, (int, float))
-               else [float(w) for w in weight])
-    full = prompt + completion
-    return {
-        "model_input": {"token_ids": full[:-1]},
-        "loss_fn_inputs": {
-            "target_tokens": full[1:],
-            "weights": [0.0] * (len(prompt) - 1) + weights,
-        },
-    }
-
-
-def forward_backward_payload(
-    data: list[dict[str, Any]], loss_function: str, loss_config: dict[str, float] | None = None
-) -> dict[str, Any]:
-    """The ``forward_backward`` body: datums, loss name and its config (defaults when None)."""
-    return {"data": data, "loss_function": loss_function, "loss_config": dict(loss_config or {})}
+# reward pipeline's, defined once in posttrain.score.rubric, and the datums and payloads
+# (rl_datum, weighted_datum, forward_backward_payload) are in client.datums; both are
+# re-exported here
 
 
 def uniform_group_error(cycle: int, rewards: Sequence[float]) -> NoGradientSignal:

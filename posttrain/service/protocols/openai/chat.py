@@ -38,14 +38,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from posttrain.envs.wire import parse_tool_calls
-from posttrain.policy.sampler import Sampler, SamplingParams
+from posttrain.policy.sampler import SamplingParams
 from posttrain.policy.tool_turns import TOOL_CHATML_TEMPLATE, renders_tool_turns
-from posttrain.service.errors import BadRequest, NotFound
-from posttrain.service.lora_model import shared_copy
+from posttrain.service.engine.errors import BadRequest, NotFound
+from posttrain.service.engine.sampler_models import ModelSource
 
 MAX_SAMPLES = 16
 MAX_STOPS = 4
@@ -253,32 +252,29 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
 
 
 class ChatModels:
-    """What ``model`` names resolve to (module docstring), and the model list."""
+    """What ``model`` names resolve to (module docstring), and the model list; the engine
+    finds the models (``engine.sampler_models``)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.created = int(time.time())
-        self._exports: dict[str, Any] = {}  # name -> loaded PEFT model (the last few)
 
     def _export_folders(self) -> dict[str, Path]:
-        root = self.engine.state_dir / "runs"
-        found = {}
-        for config in sorted(root.glob("*/exports/*/adapter_config.json")):
-            folder = config.parent
-            found[f"{folder.parent.parent.name}/{folder.name}"] = folder
-        return found
+        return {f"{run_id}/{name}": folder
+                for run_id, name, folder in self.engine.sampler_models.exported_adapters()}
 
-    def _live_versions(self) -> dict[str, tuple[Any, int]]:
-        names: dict[str, tuple[Any, int]] = {}
-        for run_id, model in self.engine.run_models().items():
-            versions = list(model.versions)
+    def _live_versions(self) -> dict[str, tuple[str, int]]:
+        names: dict[str, tuple[str, int]] = {}
+        for run_id, versions in self.engine.sampler_models.sampler_versions().items():
             for version in versions:
-                names[f"{run_id}:{version}"] = (model, version)
+                names[f"{run_id}:{version}"] = (run_id, version)
             if versions:
-                names[run_id] = (model, versions[-1])
+                names[run_id] = (run_id, versions[-1])
         return names
 
     def list(self) -> list[dict[str, Any]]:
+        """The entries of ``GET /v1/models``: the base model, live sampler versions,
+        exported adapters."""
         created = self.created
         entries = [{"id": self.engine.base_model, "object": "model", "created": created,
                     "owned_by": "posttrain", "kind": "base"}]
@@ -291,28 +287,18 @@ class ChatModels:
 
     def resolve(self, name: str) -> Any:
         """A callable ``() -> torch model`` for the compute thread, or ``NotFound``."""
+        models = self.engine.sampler_models
         if name == self.engine.base_model:
-            return lambda: self.engine.policy.model
+            return lambda: models.model_for(ModelSource("base"))
         live = self._live_versions()
         if name in live:
-            model, version = live[name]
-            return lambda: model._model_for(version)
-        folder = self._export_folders().get(name)
-        if folder is not None:
-            return lambda: self._export_model(name, folder)
+            run_id, version = live[name]
+            return lambda: models.model_for(ModelSource("snapshot", run_id, version))
+        if name in self._export_folders():
+            run_id, export = name.split("/", 1)
+            return lambda: models.model_for(ModelSource("export", run_id, name=export))
         known = ", ".join(entry["id"] for entry in self.list()[:12])
         raise NotFound(f"model: no model {name!r} here; GET /v1/models lists them ({known})")
-
-    def _export_model(self, name: str, folder: Path) -> Any:
-        if name not in self._exports:
-            from peft import PeftModel
-
-            while len(self._exports) >= 2:  # keep the last two adapters loaded
-                self._exports.pop(next(iter(self._exports)))
-            model = PeftModel.from_pretrained(shared_copy(self.engine.policy.model), str(folder))
-            model.eval()
-            self._exports[name] = model
-        return self._exports[name]
 
 
 # ------------------------------------------------------------------ completions
@@ -369,7 +355,7 @@ def complete(engine: Any, models: ChatModels, body: Any) -> dict[str, Any]:
                             max_new_tokens=max_tokens, stop_strings=stops)
 
     def sample() -> list[Any]:
-        sampler = Sampler(SimpleNamespace(model=model_for(), tokenizer=tokenizer))
+        sampler = engine.sampler_models.sampler_for(model_for())
         return sampler.sample_tokens([prompt] * request.n,
                                      [seed + i for i in range(request.n)], params)
 

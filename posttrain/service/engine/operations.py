@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.service.errors import Conflict, TooManyRequests
+from posttrain.service.engine.errors import Conflict, TooManyRequests
+from posttrain.service.schema import TERMINAL_OPERATION_STATES
 
-TERMINAL_OPERATION_STATES = ("succeeded", "failed", "cancelled")
 # exceptions an operation raises because of what the client sent (a loss that overflows,
 # an unknown sampler version, a state that does not fit): its error is the caller's to fix
 CALLER_ERRORS = (ValueError, LookupError)
@@ -52,7 +52,7 @@ class Operation:
     seq: int
     primitive: str
     fingerprint: str
-    request: Any  # the parsed request (posttrain.service.requests)
+    request: Any  # the parsed request (posttrain.service.engine.requests)
     id: str = field(default_factory=lambda: "op-" + uuid.uuid4().hex[:16])
     status: str = "queued"  # queued | running | succeeded | failed | cancelled
     result: dict[str, Any] | None = None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.atomic import write_text_atomic
-from posttrain.service.requests import LoraSpec
+from posttrain.service.engine.requests import LoraSpec
 
 STATE_FORMAT = 1
 

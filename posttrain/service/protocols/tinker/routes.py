@@ -6,13 +6,13 @@ the routes, sessions and sampling sessions; the rest lives beside it:
 
 - a tinker **session** is an engine session (heartbeat timeout ``session_timeout_s``; the
   SDK heartbeats every 10 s); ``sessions/{id}/finish`` closes it and cancels its runs;
-- **training clients** and their ``seq_id``'d requests: ``posttrain.service.tinker_training``;
+- **training clients** and their ``seq_id``'d requests: ``training`` beside this module;
 - **sampling sessions** sample the base model, a run's snapshot, or a saved adapter
-  (``posttrain.service.tinker_sampling``) on the compute thread;
+  (``sampling``) on the compute thread;
 - submissions answer a future at once and ``retrieve_future`` long-polls it
-  (``posttrain.service.tinker_futures``); forward, forward_backward and sample results
-  are protobuf (``posttrain.service.tinker_proto``); JSON bodies are checked in
-  ``posttrain.service.tinker_requests``.
+  (``futures``); forward, forward_backward and sample results
+  are protobuf (``proto``); JSON bodies are checked in
+  ``requests``.
 
 Errors: a malformed request that cannot be tied to a ``seq`` is a 4xx with the service's
 envelope (never 409: the SDK retries that for five minutes; 429 only when it should back
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.http_core import HttpError, Request, Response, json_bytes, json_response
-from posttrain.service.errors import BadRequest, Conflict, NotFound, ServiceError
-from posttrain.service.tinker_futures import Answer, FutureStore, digest_of, task_waiter
-from posttrain.service.tinker_proto import ProtoError
-from posttrain.service.tinker_requests import (
+from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, ServiceError
+from posttrain.service.protocols.tinker.futures import Answer, FutureStore, digest_of, task_waiter
+from posttrain.service.protocols.tinker.proto import ProtoError
+from posttrain.service.protocols.tinker.requests import (
     body_object,
     check_sdk_version,
     checkpoint_path,
@@ -41,8 +41,8 @@ from posttrain.service.tinker_requests import (
     text,
     whole,
 )
-from posttrain.service.tinker_sampling import SamplerSource, TinkerSampling
-from posttrain.service.tinker_training import TinkerTraining
+from posttrain.service.protocols.tinker.sampling import SamplerSource, TinkerSampling
+from posttrain.service.protocols.tinker.training import TinkerTraining
 
 PREFIX = "/api/v1"
 
@@ -87,6 +87,16 @@ def _same_folder(name: str, folder: str) -> bool:
         return Path(name).expanduser().resolve() == Path(folder).resolve()
     except (OSError, RuntimeError):
         return False
+
+
+def tinker_available() -> bool:
+    """Can the tinker routes run here? They need the ``tinker`` package (its protobuf
+    schema): ``pip install 'posttrain[tinker]'``."""
+    try:
+        import tinker.proto.tinker_public_pb2  # noqa: F401
+    except Exception:  # not installed, or an install that does not import
+        return False
+    return True
 
 
 class TinkerService:
@@ -213,8 +223,7 @@ class TinkerService:
     def create_session(self, request: Request) -> dict[str, Any]:
         """``POST /create_session``: an engine session with a long heartbeat timeout."""
         check_sdk_version(request.json(empty={}))
-        session = self.engine.create_session(
-            {"heartbeat_timeout_s": self.settings.session_timeout_s})
+        session = self.engine.create_session(self.settings.session_timeout_s)
         return {"session_id": session["session_id"], "type": "create_session"}
 
     def session_heartbeat(self, request: Request) -> dict[str, Any]:

@@ -1,0 +1,130 @@
+"""The server of ``posttrain serve``: one engine behind the routes of its three protocol wings.
+
+- posttrain's own primitives under ``/v1/training`` (``posttrain.service.protocols.native``);
+- OpenAI's ``/v1/chat/completions`` and ``/v1/models`` (``posttrain.service.protocols.openai``);
+- when the ``tinker`` package is installed, the tinker SDK's wire protocol under ``/api/v1/``
+  (``posttrain.service.protocols.tinker``).
+
+The server binds 127.0.0.1 unless told otherwise and refuses to bind anywhere else
+without a token; with a token every request needs ``Authorization: Bearer <token>``.
+Bodies over the published ``max_body_bytes`` are refused (413) before they are read.
+Whatever a request holds, the answer is a 4xx with a message or a result: an unexpected
+exception is a bug, answered 500 with its message, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from posttrain.http_core import READ_TIMEOUT_SECONDS, HttpServer, Rules
+from posttrain.http_core import check_bind as check_core_bind
+from posttrain.interrupts import interruptible
+from posttrain.service.engine.engine import Engine
+from posttrain.service.engine.requests import Limits
+from posttrain.service.protocols.native.routes import PREFIX, service_routes
+from posttrain.service.protocols.openai.routes import openai_routes
+from posttrain.service.protocols.tinker.routes import TinkerService, tinker_available
+
+
+def default_state_dir() -> Path:
+    """``~/.cache/posttrain/service`` (read at call time)."""
+    return Path.home() / ".cache/posttrain/service"
+
+
+class RunningServer:
+    """A server on a background thread: ``url``, ``port``, ``engine``, ``stop()``."""
+
+    def __init__(self, server: HttpServer, engine: Engine):
+        self._server = server
+        self.engine = engine
+        self.port = server.port
+        self.url = server.url
+        server.start()
+
+    @property
+    def http(self) -> HttpServer:
+        """The HTTP server itself (to add routes to)."""
+        return self._server
+
+    def stop(self, *, shutdown_engine: bool = True) -> None:
+        """Stop answering; with ``shutdown_engine`` also stop the engine's workers."""
+        self._server.shutdown()
+        self._server.server_close()
+        if shutdown_engine:
+            self.engine.shutdown()
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to bind beyond loopback without a token (anyone could train on the box)."""
+    check_core_bind(host, token, "the service")
+
+
+def start_server(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 8400,
+    token: str | None = None,
+    *,
+    verbose: bool = False,
+    read_timeout_s: float = READ_TIMEOUT_SECONDS,
+) -> RunningServer:
+    """Serve ``engine`` on a background thread (port 0 picks a free port). A client that
+    stalls for ``read_timeout_s`` inside its request is dropped."""
+    check_bind(host, token)
+    server = HttpServer(host, port, Rules(token=token or None,
+                                          max_body_bytes=engine.limits.max_body_bytes,
+                                          read_timeout_s=read_timeout_s,
+                                          name="posttrain serve", verbose=verbose))
+    routes = [*service_routes(engine), *openai_routes(engine)]
+    if tinker_available():
+        routes += TinkerService(engine).routes()
+    for method, path, handler in routes:
+        server.add_route(method, path, handler)
+    return RunningServer(server, engine)
+
+
+def serve(
+    base_model: str,
+    host: str = "127.0.0.1",
+    port: int = 8400,
+    token: str | None = None,
+    state_dir: str | Path | None = None,
+    *,
+    verbose: bool = True,
+    torch_threads: int | None = None,
+    limits: Limits | None = None,
+) -> None:
+    """Load ``base_model`` and serve the primitives until Ctrl-C (blocking)."""
+    check_bind(host, token)
+    engine = Engine(base_model, state_dir or default_state_dir(), torch_threads=torch_threads,
+                    limits=limits)
+    running = start_server(engine, host, port, token, verbose=verbose)
+    dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]
+    print(f"posttrain serve: {base_model} on {running.url}{PREFIX} (state in {engine.state_dir})",
+          flush=True)
+    print(f"  OpenAI-compatible route: {running.url}/v1 (model {base_model!r}; docs/service.md, "
+          "'Use it as an OpenAI endpoint')", flush=True)
+    if tinker_available():
+        key = "<the --token, which must start with tml->" if token else "tml-local"
+        print(f"  tinker SDK route: TINKER_BASE_URL={running.url} TINKER_API_KEY={key} "
+              "(docs/service.md, 'Use it with the tinker SDK')", flush=True)
+    else:
+        print("  the tinker SDK route is off: pip install 'posttrain[tinker]' turns it on",
+              flush=True)
+    if dormant:
+        print(f"  {len(dormant)} dormant run(s) can be resumed: "
+              + ", ".join(r["run_id"] for r in dormant), flush=True)
+    try:
+        with interruptible():  # Ctrl-C and SIGTERM, even when started with SIGINT ignored
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        running.stop()
+
+
+def engine_runs(engine: Engine) -> list[dict[str, Any]]:
+    """Every run the engine knows (for the start-up banner)."""
+    return [engine.get_run(run_id) for run_id in engine.run_ids()]
