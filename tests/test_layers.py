@@ -108,6 +108,20 @@ def test_a_planted_import_between_two_protocol_wings_is_caught(tmp_path):
         "posttrain.service.protocols.native.parsing" in report
 
 
+def test_the_service_client_imports_without_torch_or_the_server_extras():
+    """The client wing runs on the caller's machine: importing it, through the package's
+    ``__init__`` as a caller does, needs neither torch nor the HTTP servers' extra."""
+    code = ("import sys\n"
+            "for name in ('torch', 'transformers', 'peft', 'starlette', 'uvicorn'):\n"
+            "    sys.modules[name] = None  # any import of them now fails\n"
+            "import posttrain.service.client.algorithms\n"
+            "from posttrain.service import AdamParams, ServiceClient, run_rl_loop\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def _deferred_posttrain_imports() -> list[tuple[Path, int, str]]:
     """Every ``from posttrain... import`` inside a function: (file, line, the line above)."""
     found = []
