@@ -145,3 +145,18 @@ def test_deferred_imports_are_few_and_each_says_why():
         assert above.startswith("#"), (
             f"{path.relative_to(ROOT)}:{line}: a function-local posttrain import needs a "
             "comment on the line above saying which optional dependency it defers")
+
+
+def test_docs_layout_names_every_module():
+    # docs/layout.md is the newcomer's map: a module it does not name is a room nobody finds
+    text = (ROOT / "docs/layout.md").read_text()
+    missing = []
+    for path in sorted((ROOT / "posttrain").rglob("*.py")):
+        relative = path.relative_to(ROOT / "posttrain").as_posix()
+        if path.name == "__init__.py" and relative != "__init__.py":
+            continue
+        # grouped rows name the first module by path and the rest by file name
+        if f"`{relative}`" not in text and not (f"`{path.name}`" in text
+                                                 or f" {path.name}`" in text):
+            missing.append(relative)
+    assert missing == []
