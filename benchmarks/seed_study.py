@@ -43,8 +43,10 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
 
     starter = getattr(get_env(env), "starter_model", None) or "starter"
     name = f"{starter}@{build}"
-    folder = build_starter(name, show_progress=False)
+    # an environment without a starter of its own gets one built from its hooks
+    folder = build_starter(name, show_progress=False, env=env)
     build_record = json.loads((folder / "build.json").read_text())
+    starter = build_record.get("name", starter)
     if recipe == "grpo":
         from posttrain.train.grpo import GRPOSettings as Settings
         from posttrain.train.grpo_trainer import run_grpo as run
@@ -67,6 +69,8 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
         "band": delta.get("noise_band_used"), "verdict": summary.get("verdict"),
         "alarms": [f"{a['kind']} {a['step']}" for a in summary.get("alarms", [])],
         "seconds": time.monotonic() - started,
+        "build_seconds": build_record.get("seconds"), "probe": build_record.get("probe"),
+        "gate": build_record.get("gate"),
     }
 
 
@@ -100,6 +104,16 @@ def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "
     bands = [row["band"] for row in rows if row["band"] is not None]
     lines += ["", f"{moved} of {len(rows)} runs read `moved`; {alarms} alarms in all; noise "
               f"band {min(bands):.2f}-{max(bands):.2f}." if bands else ""]
+    builds = {row["build"]: row for row in rows if row.get("build_seconds") is not None}
+    if builds:
+        lines += ["", "| build | gate | probe | build s |", "|---|---|---|---|"]
+        for build, row in sorted(builds.items()):
+            probe = row["probe"] or {}
+            rates = ", ".join(f"{k} {v:.2f}" for k, v in probe.get("pass_rate", {}).items())
+            copy = probe.get("copy_rate")
+            copied = f"copy {copy:.2f}; " if copy is not None else ""
+            lines.append(f"| {row['starter']}@{build} ({row['build_seed']}) | {row['gate']} | "
+                         f"{copied}{rates} | {row['build_seconds']:.0f} |")
     return "\n".join(lines) + "\n", title
 
 

@@ -241,6 +241,11 @@ class LibraryEnv:
                 raise ValueError(f"{kind}: unknown move {unknown[0]!r}; use {', '.join(MOVES)}")
         return ScriptedLibrarian(seed=seed, behaviour=dict(behaviour or {}))
 
+    def reference_agent(self, seed: int = 0) -> Any:
+        """The right move on every prompt: what a starter for this rule is taught."""
+        return ScriptedLibrarian(seed=seed, behaviour={kind: {"right": 1.0}
+                                                       for kind in CATEGORIES})
+
     def behaviour_help(self) -> str:
         return "moves right, wrong_tool, chatter (the rest: a long ramble)"
 

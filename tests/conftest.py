@@ -33,6 +33,18 @@ def starter_2m_folder(models_folder: Path) -> Path:
     return build_starter("starter-2m", show_progress=False)
 
 
+LIBRARY_FLAG = str(Path(__file__).resolve().parents[1] / "examples" / "library_env.py") + ":ENV"
+
+
+@pytest.fixture(scope="session")
+def library_starter_folder(models_folder: Path) -> Path:
+    """The library example's own starter, built from its hooks (about a minute the first
+    time in a session): what tests that need a learning signal on that rule train."""
+    from posttrain.policy.starter import build_starter
+
+    return build_starter("starter", env=LIBRARY_FLAG, show_progress=False)
+
+
 @pytest.fixture(scope="session")
 def starter_2m(starter_2m_folder: Path):
     """The starter-2m policy, shared: read it, never attach adapters to it or train it."""

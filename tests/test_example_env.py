@@ -122,19 +122,26 @@ def test_the_reward_audit_reads_the_environments_design():
 
 
 @pytest.mark.slow
-def test_grpo_and_dpo_train_on_the_example(starter_2m_folder, tmp_path):
+def test_grpo_and_dpo_train_on_the_example(library_starter_folder, tmp_path):
+    # no --base-model: the example's own starter, built from its hooks (conftest); the
+    # refund starters behave on this rule however float rounding makes them (issue #28)
     runs = tmp_path / "runs"
-    fast = ["--env", ENV_FLAG, "--base-model", "starter-2m", "--prompts", "60",
-            "--eval-samples", "1", "--runs-dir", str(runs)]
-    code = main(["grpo", *fast, "--steps", "2", "--num-generations", "4",
+    fast = ["--env", ENV_FLAG, "--prompts", "60", "--eval-samples", "1",
+            "--runs-dir", str(runs)]
+    code = main(["grpo", *fast, "--steps", "3", "--num-generations", "4",
                  "--monitor-every", "1", "--run-name", "lib-grpo"])
     summary = json.loads((runs / "lib-grpo" / "summary.json").read_text())
     assert code == (0 if summary["ok"] else 1) and summary["status"] == "done"
+    config = json.loads((runs / "lib-grpo" / "config.json").read_text())
+    assert config["settings"]["base_model"] == "starter"
     assert {g["name"] for g in summary["by_category_before"]} <= {"title", "loan", "chitchat"}
+    # a partial base policy: its groups disagree, so GRPO has advantages to follow
+    assert summary["signal"]["dead_group_share"] < 0.9
     assert summary["reward_audit"]["endorsed"]["loan"][-2:] == ["tool:renew_loan", "tool_call"]
-    assert len(summary["monitor"]["checks"]) == 2
+    assert len(summary["monitor"]["checks"]) == 3
     code = main(["dpo", *fast, "--steps", "2", "--pair-samples", "4", "--run-name", "lib-dpo"])
     summary = json.loads((runs / "lib-dpo" / "summary.json").read_text())
+    # the starter's samples disagree: DPO finds pairs on its own samples
     assert summary["status"] == "done" and summary["recipe"] == "dpo"
     assert {g["name"] for g in summary["by_category_after"]} <= {"title", "loan", "chitchat"}
 

@@ -168,6 +168,8 @@ def build_agent(args: argparse.Namespace, env: Env) -> Any:
         temperature=args.temperature,
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
+        env=args.env,  # ``starter`` is this environment's own when it has no other
+        prompts_file=getattr(args, "prompts_file", None),
     )
 
 

@@ -36,10 +36,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--name",
         default="starter",
         metavar="NAME",
-        help="which starter model: starter (9.1M parameters, the default), starter-2m (1.6M, "
-        "the one tests use), starter-multiturn (starter-2m taught to play refund-multiturn "
-        "episodes), or NAME@SEED to start from another build seed (e.g. starter@3)",
+        help="which starter model: starter (9.1M parameters, the default; with --env, that "
+        "environment's own starter), starter-2m (1.6M), starter-multiturn (starter-2m taught "
+        "to play refund-multiturn episodes), or NAME@SEED to start from another build seed "
+        "(e.g. starter@3)",
     )
+    build.add_argument(
+        "--env", default=None, metavar="ENV",
+        help="build the starter of this environment (a built-in name or file.py:ATTRIBUTE) "
+        "from its own hooks: its prompt writer, its reference agent's right moves and its "
+        "scripted agent's mistakes, gated on its own rule (docs/policies.md). The refund "
+        "rules keep their own starters")
+    build.add_argument(
+        "--prompts-file", default=None, metavar="FILE",
+        help="with --env, for an environment without a prompt writer: the JSONL prompts the "
+        "starter is built on")
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
     build.set_defaults(func=run_build)
 
@@ -51,17 +62,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     info.add_argument("name", help="starter, starter-2m, starter-multiturn, smollm2, a .gguf "
                       "file or a model folder")
+    info.add_argument("--env", default=None, metavar="ENV",
+                      help="with starter: that environment's own starter (as model build "
+                      "--env builds it)")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     info.set_defaults(func=run_info)
 
 
 def run_build(args: argparse.Namespace) -> int:
-    recipe = recipe_for(args.name)  # an unknown name stops here, before anything is built
+    if args.prompts_file and not args.env:
+        raise PosttrainError("--prompts-file goes with --env (the environment whose starter "
+                             "is built on it)")
+    # an unknown name, or an environment without the hooks, stops here, before any build
+    recipe = recipe_for(args.name, env=args.env, prompts_file=args.prompts_file)
     was_cached = starter_folder(args.name, recipe=recipe).is_dir() and not args.force
     folder = build_starter(args.name, force=args.force, recipe=recipe)
     build = json.loads((folder / "build.json").read_text())
     state = "already built" if was_cached else f"built in {build['seconds']:.0f}s"
-    print(f"{args.name}: {state}, {build['parameters']:,} parameters")
+    print(f"{recipe.name}: {state}, {build['parameters']:,} parameters")
     print(f"quality gate: {_gate_line(build)}")
     print(f"folder: {folder}")
     return 0
@@ -92,14 +110,15 @@ def safetensors_parameter_count(folder: str | Path) -> int | None:
     return total if found else None
 
 
-def model_facts(name: str) -> dict[str, Any]:
-    """What is known about a model name without building or converting anything."""
+def model_facts(name: str, env: str | None = None) -> dict[str, Any]:
+    """What is known about a model name without building or converting anything (``env``:
+    whose ``starter``)."""
     facts: dict[str, Any] = {"name": name, "models_folder": str(models.models_dir())}
 
     if is_starter_name(name):
         from dataclasses import asdict
 
-        recipe = recipe_for(name)
+        recipe = recipe_for(name, env=env)
         folder = starter_folder(name, recipe=recipe)
         facts.update(kind="starter", folder=str(folder), built=folder.is_dir())
         facts["recipe"] = {
@@ -148,7 +167,7 @@ def hub_cache_folder(hub_id: str) -> Path:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    facts = model_facts(args.name)
+    facts = model_facts(args.name, env=args.env)
     if args.json:
         print(json.dumps(facts, indent=2, sort_keys=True))
         return 0
@@ -161,7 +180,8 @@ def run_info(args: argparse.Namespace) -> int:
               "cannot be loaded; download it where there is network, or give a local folder)")
         return 1
     if "folder" in facts:
-        hint = f"  (not built yet: posttrain model build --name {facts['name']})"
+        env_flag = f" --env {args.env}" if args.env else ""
+        hint = f"  (not built yet: posttrain model build --name {facts['name']}{env_flag})"
         state = "" if facts.get("built", True) else hint
         print(f"  folder:        {facts['folder']}{state}")
     elif facts["kind"] == "gguf":
@@ -196,7 +216,8 @@ def run_info(args: argparse.Namespace) -> int:
         ranges = ", ".join(
             f"{r['category']} {r['low']:.2f}-{r['high']:.2f}" for r in spec["pass_rates"]
         )
-        print(f"  spec:          copy rate >= {spec['min_copy_rate']:.2f}; pass rates {ranges}")
+        print(f"  spec:          copy rate >= {spec['min_copy_rate']:.2f} (where the rule "
+              f"copies); pass rates {ranges}")
     if "note" in facts:
         print(f"  {facts['note']}")
     return 0

@@ -122,7 +122,8 @@ class BehaviourHelp(Protocol):
 
 @runtime_checkable
 class ReferenceAgentSource(Protocol):
-    """The rule's right move on every prompt: ``posttrain sft --demos reference``."""
+    """The rule's right move on every prompt: ``posttrain sft --demos reference``, and the
+    right moves of the environment's own starter (``posttrain.policy.hook_starter_data``)."""
 
     def reference_agent(self, seed: int = 0) -> Agent:
         """An agent that makes the right move (demonstrations on the train prompts)."""
@@ -161,7 +162,9 @@ class ReadsRecordFields(Protocol):
 
 @runtime_checkable
 class StarterDataSource(Protocol):
-    """What the from-scratch starter build needs of the rule (docs/policies.md)."""
+    """Hand-written build data for the from-scratch starter (docs/policies.md); an
+    environment without it gets its starter's data from its other hooks
+    (``posttrain.policy.hook_starter_data``)."""
 
     def starter_data(self) -> Any:
         """System prompt, warm-start dialogues, id spellings, copy probe, default mix and

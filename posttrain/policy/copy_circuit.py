@@ -101,26 +101,10 @@ class CopyCircuit:
         return hooks
 
 
-def id_token_ids(tokenizer: Any, spellings: Any) -> tuple[list[int], list[int]]:
-    """(digit-chunk token ids, order-id prefix token ids) of a starter tokenizer.
-
-    The prefixes are the tokens right before the number in each way a customer
-    spells an id (``spellings``, the environment's, e.g. ``ORD-{n}``, ``ord_{n}``,
-    ``#ORD-{n}``), read off the tokenizer.
-    """
-    digits = sorted(i for token, i in tokenizer.get_vocab().items() if token.isdigit())
-    prefixes = set()
-    for spelling in spellings:
-        ids = tokenizer.encode(spelling.format(n=4017), add_special_tokens=False)
-        first_digit = next(k for k, i in enumerate(ids) if i in set(digits))
-        prefixes.add(ids[first_digit - 1])
-    return digits, sorted(prefixes)
-
-
 def wire_copy_circuit(
     model: Any,
     seed: int,
-    digit_ids: list[int],
+    copied_ids: list[int],
     prefix_ids: list[int],
     sink_id: int,
     *,
@@ -132,12 +116,15 @@ def wire_copy_circuit(
     match_pairs: int = 12,
     digit_norm: float = 1.0,
 ) -> CopyCircuit:
-    """Wire an order-id copying circuit into head 0 of layers 0 and 1 at initialisation.
+    """Wire a copying circuit into head 0 of layers 0 and 1 at initialisation.
 
     A generic copy circuit wired by hand does not survive a warm start: it copies
-    every token and the loss pays for undoing that. So this one copies digits only,
-    and it keeps two slices of the hidden space to itself (the module docstring;
-    ``CopyCircuit.enforce``).
+    every token and the loss pays for undoing that. So this one copies ``copied_ids``
+    only (the refund rule's digit chunks; for a starter built from an environment's
+    hooks, the tokens of the spans its right moves copy), and it keeps two slices of the
+    hidden space to itself (the module docstring; ``CopyCircuit.enforce``). The
+    ``prefix_ids`` (may be empty) all share one direction, so a call's prefix matches
+    the prompt's however it was spelled (``ORD-`` and ``ord_``).
 
     The layout of the hidden space (a random orthonormal basis): ``C``, one
     head-width slice where the digit-chunk tokens (and the id prefixes, which all
@@ -190,10 +177,10 @@ def wire_copy_circuit(
         scale = embeddings.std().item() * math.sqrt(hidden)  # a typical embedding's norm
         embeddings.copy_((embeddings @ rest) @ rest.T)
         embeddings.mul_(scale / embeddings.norm(dim=1, keepdim=True).clamp_min(1e-12))  # pad row: 0
-        directions = torch.randn(len(digit_ids) + 1, head_dim, generator=generator)
+        directions = torch.randn(len(copied_ids) + 1, head_dim, generator=generator)
         directions = directions / directions.norm(dim=1, keepdim=True)
         # tied embeddings: a digit's norm sets how sharply the copy picks it as output
-        embeddings[digit_ids] = digit_norm * scale * directions[:-1] @ copy_slice.T
+        embeddings[copied_ids] = digit_norm * scale * directions[:-1] @ copy_slice.T
         embeddings[prefix_ids] = scale * directions[-1:] @ copy_slice.T
         sink_direction = rest[:, 0]
         embeddings[sink_id] = scale * sink_direction
@@ -234,7 +221,7 @@ def wire_copy_circuit(
         for projection in (matcher.k_proj, matcher.v_proj):
             projection.bias[:head_dim] = 0.0
         position.v_proj.bias[:head_dim] = 0.0
-    held = torch.tensor(sorted({*digit_ids, *prefix_ids}))
+    held = torch.tensor(sorted({*copied_ids, *prefix_ids}))
     circuit = CopyCircuit(
         reserved=basis[:, : 2 * head_dim].clone(),
         held_rows=held,

@@ -30,13 +30,17 @@ from posttrain.policy.starter_names import is_starter_name
 
 
 def resolve_base_model(
-    base_model: str, *, show_progress: bool = True
+    base_model: str, *, show_progress: bool = True, env: str | None = None,
+    prompts_file: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(what from_pretrained reads, extra kwargs)`` for a ``--base-model`` value: a
-    starter's built folder (built now if it is not cached), else what
+    starter's built folder (built now if it is not cached; ``starter`` with ``env`` is that
+    environment's own, ``posttrain.policy.starter.recipe_for``), else what
     ``posttrain.policy.models.resolve_model_source`` finds."""
     if is_starter_name(base_model):
-        return str(build_starter(base_model, show_progress=show_progress)), {}
+        folder = build_starter(base_model, show_progress=show_progress, env=env,
+                               prompts_file=prompts_file)
+        return str(folder), {}
     return resolve_model_source(base_model)
 
 
@@ -47,11 +51,14 @@ def load_policy(
     device: str | None = None,
     dtype: str | None = None,
     show_progress: bool = True,
+    env: str | None = None,
+    prompts_file: str | None = None,
 ) -> Policy:
     """Load model + tokenizer for ``base_model`` (see module docstring), then ``adapter``.
 
     ``device`` defaults to CUDA when present, else CPU; ``dtype`` to bfloat16 on
-    CUDA, float32 on CPU. The model is returned in eval mode. The tokenizer pads
+    CUDA, float32 on CPU. ``env`` (and ``prompts_file``) say whose ``starter`` is meant.
+    The model is returned in eval mode. The tokenizer pads
     on the left (what batched generation needs) and always has a pad token.
     Raises ``PosttrainError`` for names that cannot be loaded, with what to do.
     """
@@ -60,7 +67,8 @@ def load_policy(
 
     device = device or default_device()
     dtype = dtype or default_dtype(device)
-    source, kwargs = resolve_base_model(base_model, show_progress=show_progress)
+    source, kwargs = resolve_base_model(base_model, show_progress=show_progress, env=env,
+                                        prompts_file=prompts_file)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
@@ -95,9 +103,12 @@ def agent_for_model(
     top_k: int = 0,
     max_new_tokens: int | None = None,
     batch_size: int | None = None,
+    env: str | None = None,
+    prompts_file: str | None = None,
 ) -> ModelAgent:
-    """Load ``base_model`` (+ ``adapter``) and wrap it as an evaluation agent."""
-    policy = load_policy(base_model, adapter=adapter)
+    """Load ``base_model`` (+ ``adapter``; ``env``: whose ``starter``) and wrap it as an
+    evaluation agent."""
+    policy = load_policy(base_model, adapter=adapter, env=env, prompts_file=prompts_file)
     params = SamplingParams(
         temperature=temperature,
         top_p=top_p,

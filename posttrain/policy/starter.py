@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from posttrain.envs import get_env
 from posttrain.errors import PosttrainError
 from posttrain.policy.models import models_dir
 from posttrain.policy.starter_build import (
@@ -30,6 +31,8 @@ from posttrain.policy.starter_build import (
     RECIPES,
     StarterRecipe,
     build_from_scratch,
+    hook_recipe,
+    needs_hook_starter,
 )
 from posttrain.policy.starter_episodes import (
     EpisodeStarterRecipe,
@@ -44,10 +47,14 @@ def all_recipes() -> dict[str, Any]:
     return {**RECIPES, **episode_recipes()}
 
 
-def recipe_for(name: str) -> Any:
+def recipe_for(name: str, *, env: str | None = None, prompts_file: str | None = None) -> Any:
     """The recipe of a starter name (``NAME@SEED``: from build seed SEED); PosttrainError
-    naming the choices otherwise."""
+    naming the choices otherwise. With ``env``, ``starter`` names that environment's own
+    starter when it has no hand-written one (``hook_recipe``; ``prompts_file`` for an
+    environment without a prompt writer)."""
     base, seed = split_seeded_name(name)
+    if base == "starter" and env is not None and needs_hook_starter(get_env(env)):
+        return hook_recipe(env, prompts_file, seed)
     recipes = all_recipes()
     if base not in recipes:
         choices = ", ".join(sorted(recipes))
@@ -71,17 +78,20 @@ def build_starter(
     *,
     recipe: StarterRecipe | EpisodeStarterRecipe | None = None,
     show_progress: bool = True,
+    env: str | None = None,
+    prompts_file: str | None = None,
 ) -> Path:
     """Build (or find in the cache) a starter model; returns its folder.
 
     The folder is a normal transformers folder (``from_pretrained`` loads it)
     plus ``recipe.json`` and ``build.json`` (the gate's verdict, every build seed
     tried with its probe, timings, behaviour counts). ``force`` rebuilds even when
-    cached. ``recipe`` overrides the recipe of ``name`` (tests use smaller ones).
+    cached. ``recipe`` overrides the recipe of ``name`` (tests use smaller ones);
+    ``env`` and ``prompts_file`` choose it as ``recipe_for`` does.
     Concurrent builds of the same recipe are serialised by a lock file next to
     the folder.
     """
-    recipe = recipe or recipe_for(name)
+    recipe = recipe or recipe_for(name, env=env, prompts_file=prompts_file)
     folder = starter_folder(recipe.name, recipe=recipe)
     if folder.is_dir() and not force:
         return folder

@@ -52,6 +52,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import shutil
 import sys
 import time
@@ -61,8 +62,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import StarterDataSource, require_hook
-from posttrain.policy.copy_circuit import CopyCircuit, id_token_ids, wire_copy_circuit
+from posttrain.envs.base import DefaultBaseModel, PromptWriter, StarterDataSource, has_hook
+from posttrain.policy.copy_circuit import CopyCircuit, wire_copy_circuit
+from posttrain.policy.hook_starter_data import HookStarterData
 from posttrain.policy.models import FROZEN_MODULES_KEY
 from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec, probe_policy
 from posttrain.policy.starter_names import split_seeded_name
@@ -94,13 +96,14 @@ class Architecture:
     max_positions: int = 1024
 
 
-def starter_data(env_name: str = DEFAULT_ENV) -> Any:
-    """The build data of environment ``env_name`` (its ``starter_data`` hook): system
-    prompt, dialogues, id spellings, copy probe, default mix and gate ranges."""
+def starter_data(env_name: str = DEFAULT_ENV, prompts_file: str | None = None) -> Any:
+    """The build data of environment ``env_name``: system prompt, dialogues, what is
+    copied, copy probe, default mix and gate ranges. Its ``starter_data`` hook when it has
+    one (the refund rule), else what its hooks give (``hook_starter_data``)."""
     env = get_env(env_name)
-    return require_hook(env, StarterDataSource, "has no starter build data",
-                        "build the starter from an environment that has (the default)"
-                        ).starter_data()
+    if has_hook(env, StarterDataSource):
+        return env.starter_data()
+    return HookStarterData(env, prompts_file)
 
 
 @dataclass(frozen=True)
@@ -129,13 +132,18 @@ class StarterRecipe:
     max_grad_norm: float = 1.0
     spec: StarterSpec = field(default_factory=StarterSpec)
     build_attempts: int = 4  # build seeds tried before the nearest miss is kept
-    env: str = DEFAULT_ENV  # whose starter_data hook gives the dialogues, probe and ranges
+    env: str = DEFAULT_ENV  # whose starter data gives the dialogues, probe and ranges
+    #: a prompts file the dialogues are built on (instead of the environment's writer)
+    prompts_file: str | None = None
+    #: SHA-256 of a hook-built environment's dialogues: another rule or other prompts
+    #: make another starter (``hook_starter_data``); "" for hand-written starter data
+    data_digest: str = ""
 
     def __post_init__(self) -> None:
         if self.build_attempts < 1:
             raise ValueError(f"build_attempts must be at least 1, got {self.build_attempts}")
         if self.mix is None or self.spec.pass_rates is None:
-            data = starter_data(self.env)
+            data = starter_data(self.env, self.prompts_file)
             if self.mix is None:
                 object.__setattr__(self, "mix", data.default_mix)
             if self.spec.pass_rates is None:
@@ -150,10 +158,16 @@ class StarterRecipe:
     def key(self) -> str:
         """12 hex digits of SHA-256 over the recipe and the build-code version."""
         recipe = asdict(self)
-        if recipe["env"] == DEFAULT_ENV:
-            # the field came after these builds: the default env stays out of the key, so
-            # caches built before it (and their weights) are found again
-            del recipe["env"]
+        if self.data_digest:
+            # built from hooks: the name (the environment's) and the digest of its data
+            # identify it, however the environment or its prompts file was spelled
+            del recipe["env"], recipe["prompts_file"]
+        # fields that came after the first builds stay out of the key at their defaults,
+        # so caches built before them (and their weights) are found again
+        for name, default in (("env", DEFAULT_ENV), ("prompts_file", None),
+                              ("data_digest", "")):
+            if name in recipe and recipe[name] == default:
+                del recipe[name]
         content = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
         payload = json.dumps(content, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
@@ -185,6 +199,41 @@ RECIPES: dict[str, StarterRecipe] = {
 }
 
 
+#: the recipe a starter built from an environment's hooks starts from: starter-2m's size
+#: and schedule (about a minute on 2 cores), with that environment's data and gate
+HOOK_BASE = "starter-2m"
+
+
+def needs_hook_starter(env: Any) -> bool:
+    """True when ``starter`` means a starter built from ``env``'s own hooks: it has no
+    hand-written starter data (the refund rule has) and names no starter of its own."""
+    return not has_hook(env, StarterDataSource) and not has_hook(env, DefaultBaseModel)
+
+
+def hook_recipe(env_spec: str, prompts_file: str | None = None,
+                seed: int | None = None) -> StarterRecipe:
+    """The starter of environment ``env_spec`` built from its hooks (``hook_starter_data``):
+    named ``starter-<env name>``, keyed by the environment's name and dialogues, from build
+    seed ``seed`` (default 0). PosttrainError naming the hook the environment lacks."""
+    env = get_env(env_spec)
+    # the environment's own writer wins: its starter then does not change with the file
+    use_file = prompts_file is not None and not has_hook(env, PromptWriter)
+    file = str(Path(prompts_file).resolve()) if prompts_file is not None and use_file else None
+    data = HookStarterData(env, file)
+    base = RECIPES[HOOK_BASE]
+    recipe = replace(base, name=f"starter-{_slug(str(getattr(env, 'name', 'env')))}",
+                     env=env_spec, prompts_file=file, mix=data.default_mix,
+                     spec=replace(base.spec, pass_rates=None),
+                     corpus_situations=base.total_steps * base.batch_size,
+                     seed=seed if seed is not None else base.seed)
+    rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
+    return replace(recipe, data_digest=data.digest(rows))
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "env"
+
+
 def base_recipe(name: str) -> StarterRecipe:
     """The recipe of a starter built from scratch (``NAME`` or ``NAME@SEED``); KeyError for
     any other name (``posttrain.policy.starter.recipe_for`` names the choices)."""
@@ -196,11 +245,14 @@ def base_recipe(name: str) -> StarterRecipe:
 # ---------------------------------------------------------------- tokenizer and model
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
+def train_tokenizer(texts: list[str], vocab_size: int, isolated: tuple[str, ...] = ()
+                    ) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` with the ChatML template.
 
-    Digits are pre-split one per token. The vocabulary can stop below
-    ``vocab_size`` when the corpus runs out of pairs seen twice.
+    Digits are pre-split one per token. A run of ``isolated`` words is kept apart from
+    its neighbours (the words of spans a policy copies from a prompt into a tool call), so
+    a span is the same tokens wherever it stands. The vocabulary can stop below ``vocab_size``
+    when the corpus runs out of pairs seen twice.
     """
     from tokenizers import (
         Regex,
@@ -221,13 +273,23 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     # copied digit by digit), and around the letters that prefix a number
     # ("ORD-", "ord_"), so the token before an id's first digit is the same in the
     # customer's message and in the tool call, which makes the copy learnable.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split("\n", behavior="merged_with_previous"),
-            pre_tokenizers.Split(Regex(ID_PREFIX), behavior="isolated"),
-            pre_tokenizers.Split(Regex(DIGIT_CHUNK), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    splits = [
+        pre_tokenizers.Split("\n", behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(ID_PREFIX), behavior="isolated"),
+        pre_tokenizers.Split(Regex(DIGIT_CHUNK), behavior="isolated"),
+    ]
+    if isolated:
+        # a run of these words (one space apart) is split off without the space before
+        # it, then cut before each inner word with its space: "The Quiet Orchard" is
+        # "The" " Quiet" " Orchard" after 'have "' in a prompt as after '"title": "' in a
+        # call, and "Friday" the same after "on " as after '"day": "'
+        words = "(?:" + "|".join(re.escape(word) for word in isolated) + ")"
+        splits += [
+            pre_tokenizers.Split(Regex(rf"\b{words}(?: {words})*\b"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(rf" (?={words}\b)"), behavior="merged_with_next"),
         ]
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -241,7 +303,12 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     # every two-digit number, often enough that all 100 pairs become tokens and
     # every id splits the same way ("4017" -> "40" "17", "20931" -> "20" "93" "1")
     digit_pairs = " ".join(f"{n:02d}" for n in range(100))
-    tokenizer.train_from_iterator([*texts, *[digit_pairs] * 1000], trainer=trainer)
+    # and every isolated word, with a space before it and without, often enough to be
+    # one token each (a word split into letters shares them with every other word, and
+    # the copy circuit would confuse the two)
+    word_lines = [" ".join(isolated), "\n".join(isolated)] if isolated else []
+    tokenizer.train_from_iterator([*texts, *[digit_pairs] * 1000, *word_lines * 200],
+                                  trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=None,
@@ -264,12 +331,13 @@ def new_model(
     match: float = 3.0,
     copy: float = 8.0,
     digit_norm: float = 1.0,
-    id_spellings: Any = None,
+    copy_ids: tuple[list[int], list[int]] | None = None,
 ) -> tuple[Any, CopyCircuit | None]:
     """A freshly initialised decoder sized for ``tokenizer``, and its copy circuit (or None).
 
-    ``id_spellings``: how the environment's prompts spell an id (``ORD-{n}`` ...), whose
-    prefix tokens the circuit matches; default: the default environment's.
+    ``copy_ids``: (the tokens the circuit copies, the prefix tokens it matches before
+    them), from the environment's starter data (``copy_token_ids``); default: the default
+    environment's.
 
     It is the Qwen2 decoder (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
     attention, tied embeddings) saved as ``model_type: llama``. The reason is the
@@ -309,10 +377,12 @@ def new_model(
     circuit = None
     if copy_circuit:
         sink_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        copied, prefixes = copy_ids or starter_data().copy_token_ids(tokenizer, [])
         circuit = wire_copy_circuit(
             model,
             seed,
-            *id_token_ids(tokenizer, id_spellings or starter_data().id_spellings),
+            copied,
+            prefixes,
             sink_id,
             match=match,
             copy=copy,
@@ -425,7 +495,7 @@ def supervised_warm_start(
     """
     import torch
 
-    data = starter_data(recipe.env)
+    data = starter_data(recipe.env, recipe.prompts_file)
     fixed = not recipe.fresh_ids  # encode once; with fresh ids each draw is encoded anew
     right = _encode_rows(tokenizer, rows, "right_reply", data.system) if fixed else []
     mixed = _encode_rows(tokenizer, rows, "reply", data.system) if fixed else []
@@ -483,10 +553,13 @@ class _Attempt:
     failures: list[str]
     losses: list[float]
     seconds: float
+    mix: dict[str, Any] | None = None  # the behaviour mix it was trained on
+    rows: list[dict[str, Any]] | None = None  # and the dialogues of that mix
 
     def record(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
+            "mix": self.mix,
             "probe": self.probe.to_dict(),
             "failures": self.failures,
             "final_loss": sum(self.losses[-10:]) / len(self.losses[-10:]) if self.losses else None,
@@ -507,16 +580,17 @@ def _train_one_seed(
     show_progress: bool,
 ) -> _Attempt:
     started = time.monotonic()
-    data = starter_data(recipe.env)
+    data = starter_data(recipe.env, recipe.prompts_file)
+    copy_ids = data.copy_token_ids(tokenizer, rows)
     model, circuit = new_model(
         tokenizer,
         recipe.architecture,
         seed,
-        recipe.copy_circuit,
+        recipe.copy_circuit and bool(copy_ids[0]),
         match=recipe.circuit_match,
         copy=recipe.circuit_copy,
         digit_norm=recipe.circuit_digit_norm,
-        id_spellings=data.id_spellings,
+        copy_ids=copy_ids,
     )
     with progress_bar(label, recipe.total_steps, enabled=show_progress) as bar:
         losses = supervised_warm_start(
@@ -537,17 +611,24 @@ def build_from_scratch(
     import torch
 
     started = time.monotonic()
-    data = starter_data(recipe.env)
+    data = starter_data(recipe.env, recipe.prompts_file)
     rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
     texts = [data.render(row) for row in rows]
-    tokenizer = train_tokenizer(texts, recipe.vocab_size)
+    tokenizer = train_tokenizer(texts, recipe.vocab_size, data.isolated_words(rows))
     tokenizer_seconds = time.monotonic() - started
     attempts: list[dict[str, Any]] = []
     chosen: _Attempt | None = None
+    mix = recipe.mix
     for number in range(recipe.build_attempts):
         seed = recipe.seed + number
         label = f"building {recipe.name} (build seed {seed})"
+        if number and isinstance(data, HookStarterData):
+            # a starter built from hooks also steers its mix toward the gate's ranges
+            # (the refund starters' mixes were measured by hand: docs/policies.md)
+            mix = mix.steered(attempts[-1]["probe"]["pass_rate"], data.spec_pass_rates)
+            rows = data.dialogues(mix, recipe.corpus_situations, recipe.data_seed)
         attempt = _train_one_seed(recipe, seed, tokenizer, rows, label, show_progress)
+        attempt.mix, attempt.rows = asdict(mix), rows
         attempts.append(attempt.record())
         if chosen is None or recipe.spec.distance(attempt.probe) < recipe.spec.distance(
             chosen.probe
@@ -575,7 +656,7 @@ def build_from_scratch(
             "`posttrain model info` shows the probe."
         )
     counts: dict[str, int] = {}
-    for row in rows:
+    for row in chosen.rows or rows:
         key = f"{row['category']}/{row['behaviour']}"
         counts[key] = counts.get(key, 0) + 1
     build = {
@@ -589,6 +670,7 @@ def build_from_scratch(
         "parameters": sum(p.numel() for p in chosen.model.parameters()),
         "vocab_size": len(tokenizer),
         "dialogues": len(rows),
+        "mix": chosen.mix,
         "behaviour_counts": dict(sorted(counts.items())),
         "final_loss": chosen.record()["final_loss"],
         "seconds": round(time.monotonic() - started, 1),

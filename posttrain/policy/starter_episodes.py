@@ -156,7 +156,7 @@ def _load_base(recipe: EpisodeStarterRecipe, folder: Path) -> tuple[Any, Any, An
             tokenizer, base.architecture, int(build["build_seed"]), True,
             match=base.circuit_match, copy=base.circuit_copy,
             digit_norm=base.circuit_digit_norm,
-            id_spellings=starter_data(base.env).id_spellings)
+            copy_ids=starter_data(base.env).copy_token_ids(tokenizer, []))
     return tokenizer, AutoModelForCausalLM.from_pretrained(folder), circuit
 
 

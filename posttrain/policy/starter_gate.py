@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from posttrain.envs.base import PromptWriter, has_hook
 from posttrain.policy.copy_circuit import id_copy_rate
 from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
 from posttrain.policy.models import Policy
@@ -65,7 +66,7 @@ class StarterSpec:
     def failures(self, probe: StarterProbe) -> list[str]:
         """Why ``probe`` is outside the spec, one readable reason each; [] when inside."""
         reasons = []
-        if probe.copy_rate < self.min_copy_rate:
+        if probe.copy_rate is not None and probe.copy_rate < self.min_copy_rate:
             reasons.append(f"copy rate {probe.copy_rate:.2f} < {self.min_copy_rate:.2f}")
         for bounds in self.pass_rates or ():
             rate = probe.pass_rate.get(bounds.category)
@@ -79,7 +80,8 @@ class StarterSpec:
 
     def distance(self, probe: StarterProbe) -> float:
         """How far outside the spec ``probe`` is (0 inside): picks the best failed build."""
-        total = max(0.0, self.min_copy_rate - probe.copy_rate)
+        total = (0.0 if probe.copy_rate is None
+                 else max(0.0, self.min_copy_rate - probe.copy_rate))
         for bounds in self.pass_rates or ():
             rate = probe.pass_rate.get(bounds.category, 0.0)
             total += max(0.0, bounds.low - rate) + max(0.0, rate - bounds.high)
@@ -90,7 +92,7 @@ class StarterSpec:
 class StarterProbe:
     """What the probe measured on one build."""
 
-    copy_rate: float
+    copy_rate: float | None  # None: the rule's right moves copy nothing from the prompt
     pass_rate: dict[str, float]
     tool_call_rate: dict[str, float]
     prompts: dict[str, int]
@@ -98,7 +100,7 @@ class StarterProbe:
 
     def describe(self) -> str:
         """One line: copy rate, then pass rate (tool-call rate) per category."""
-        parts = [f"copy {self.copy_rate:.2f}"]
+        parts = [f"copy {self.copy_rate:.2f}"] if self.copy_rate is not None else []
         parts += [
             f"{name} {self.pass_rate[name]:.2f} (tools {self.tool_call_rate[name]:.2f})"
             for name in self.pass_rate
@@ -109,18 +111,21 @@ class StarterProbe:
         return asdict(self)
 
 
-def probe_prompts(env: Any) -> list[dict[str, Any]]:
-    """The fixed probe set (prompt records of the environment's writer)."""
-    return env.write_prompts(PROBE_SITUATIONS, PROBE_SEED)
+def probe_prompts(env: Any, data: Any = None) -> list[dict[str, Any]]:
+    """The fixed probe set: prompt records of the environment's writer, else of the
+    prompts file its starter ``data`` was built on."""
+    if has_hook(env, PromptWriter) or data is None:
+        return env.write_prompts(PROBE_SITUATIONS, PROBE_SEED)
+    return data.records(PROBE_SITUATIONS, PROBE_SEED)
 
 
 def probe_policy(model: Any, tokenizer: Any, env: Any, data: Any) -> StarterProbe:
     """Probe a starter model (module docstring) on ``env``, with its starter ``data``.
     Leaves the model in eval mode."""
     model.eval()
-    records = probe_prompts(env)
-    naming = [r["prompt"] for r in records if r["category"] == data.copy_category]
-    copy_rate = id_copy_rate(model, tokenizer, naming[:PROBE_COPY_PROMPTS], data)
+    records = probe_prompts(env, data)
+    naming = data.copy_prompts(records)[:PROBE_COPY_PROMPTS]
+    copy_rate = id_copy_rate(model, tokenizer, naming, data) if naming else None
     policy = Policy(model=model, tokenizer=tokenizer, name="starter", device="cpu", dtype="float32")
     params = SamplingParams(temperature=EVAL_TEMPERATURE, top_p=EVAL_TOP_P, max_new_tokens=64)
     rows = grade(env, records, ModelAgent(policy, params), PROBE_SAMPLES, seed=PROBE_SEED)
@@ -134,4 +139,5 @@ def probe_policy(model: Any, tokenizer: Any, env: Any, data: Any) -> StarterProb
             sum(row["markers"]["tool_call"] for row in group) / len(group), 4
         )
         prompts[category] = len(group) // PROBE_SAMPLES
-    return StarterProbe(round(copy_rate, 4), pass_rate, tool_rate, prompts)
+    copied = round(copy_rate, 4) if copy_rate is not None else None
+    return StarterProbe(copied, pass_rate, tool_rate, prompts)

@@ -75,7 +75,9 @@ def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]
         policy = load_policy(str(merged_base))
     else:
         assert settings.base_model is not None, "run_recipe names the base model first"
-        policy = load_policy(settings.base_model)
+        # ``starter`` is the environment's own when it has no hand-written one
+        policy = load_policy(settings.base_model, env=settings.env,
+                             prompts_file=settings.prompts_file)
     if from_folder is not None:
         policy = merge_adapter(load_adapter(policy, from_folder.adapter))
     return policy, str(from_folder.path) if from_folder else None

@@ -155,6 +155,23 @@ def render_chatml(system: str, prompt: str, reply: str) -> str:
     )
 
 
+def id_token_ids(tokenizer: Any, spellings: Any) -> tuple[list[int], list[int]]:
+    """(digit-chunk token ids, order-id prefix token ids) of a starter tokenizer: what the
+    copy circuit (``posttrain.policy.copy_circuit``) carries.
+
+    The prefixes are the tokens right before the number in each way a customer
+    spells an id (``spellings``, the environment's, e.g. ``ORD-{n}``, ``ord_{n}``,
+    ``#ORD-{n}``), read off the tokenizer.
+    """
+    digits = sorted(i for token, i in tokenizer.get_vocab().items() if token.isdigit())
+    prefixes = set()
+    for spelling in spellings:
+        ids = tokenizer.encode(spelling.format(n=4017), add_special_tokens=False)
+        first_digit = next(k for k, i in enumerate(ids) if i in set(digits))
+        prefixes.add(ids[first_digit - 1])
+    return digits, sorted(prefixes)
+
+
 _SPELLED_ID = re.compile(r"(\bORD[-_ ]?)(\d{3,6})\b", re.IGNORECASE)
 
 
@@ -228,6 +245,19 @@ class RefundStarterData:
     def render(self, row: dict[str, Any]) -> str:
         """A dialogue as the tokenizer's training text."""
         return render_chatml(SYSTEM, row["prompt"], row["reply"])
+
+    def copy_prompts(self, records: list[dict[str, Any]]) -> list[str]:
+        """The prompts of ``records`` that name an id (the copy probe's)."""
+        return [r["prompt"] for r in records if r["category"] == self.copy_category]
+
+    def isolated_words(self, rows: list[dict[str, Any]]) -> tuple[str, ...]:
+        """Words the tokenizer keeps whole: none (ids split by their prefix and digits)."""
+        return ()
+
+    def copy_token_ids(self, tokenizer: Any, rows: list[dict[str, Any]]
+                       ) -> tuple[list[int], list[int]]:
+        """(digit-chunk token ids, id-prefix token ids): what the copy circuit carries."""
+        return id_token_ids(tokenizer, self.id_spellings)
 
     def copy_probe(self, prompt: str) -> tuple[str, str, str]:
         """(reply forced up to the id's number, the number's prefix as written there,
