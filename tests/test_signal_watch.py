@@ -17,10 +17,12 @@ class Recorder:
         self.alarms.append((kind, step))
 
 
-def feed(watch, shares, spread=0.2):
+def feed(watch, shares, spread=0.2, rewards=None):
     for step, share in enumerate(shares, start=1):
-        watch.on_log(None, SimpleNamespace(global_step=step), None,
-                     logs={"frac_reward_zero_std": share, "reward_std": spread, "loss": 0.0})
+        logs = {"frac_reward_zero_std": share, "reward_std": spread, "loss": 0.0}
+        if rewards is not None:
+            logs["reward"] = rewards[step - 1]
+        watch.on_log(None, SimpleNamespace(global_step=step), None, logs=logs)
 
 
 def test_dead_groups_for_five_steps_raise_one_no_signal_alarm():
@@ -31,6 +33,21 @@ def test_dead_groups_for_five_steps_raise_one_no_signal_alarm():
     assert watch.summary() == {"steps": 8, "dead_group_share": 1.0, "reward_spread": 0.0,
                                "alarm": True}
     assert watch.describe().startswith("signal: 100% of groups had all-equal rewards")
+
+
+def test_groups_that_agree_because_the_policy_learned_raise_no_alarm():
+    # signal first, then every group passes: learned, not stuck
+    run = Recorder()
+    feed(SignalWatch(run), [0.4, 0.5] + [1.0] * 6, rewards=[0.5, 0.7] + [0.97] * 6)
+    assert run.alarms == []
+    # the same dead steps at a middling reward: stuck
+    run = Recorder()
+    feed(SignalWatch(run), [0.4, 0.5] + [1.0] * 6, rewards=[0.5, 0.7] + [0.5] * 6)
+    assert run.alarms == [("no_signal", 7)]
+    # a reward that pays everything from the start never had signal: still an alarm
+    run = Recorder()
+    feed(SignalWatch(run), [1.0] * 6, rewards=[1.0] * 6)
+    assert run.alarms == [("no_signal", 5)]
 
 
 def test_a_run_with_signal_is_summed_up_without_an_alarm():

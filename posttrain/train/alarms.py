@@ -25,7 +25,10 @@ comparisons are paired):
   the same rule, cannot show);
 - ``no_signal`` (``no_signal_alarm``): in each of the last ``dead_steps`` GRPO steps, at
   least ``max_dead_share`` of the groups had all-equal rewards: no advantage, so nothing
-  to learn from them (not a hack: a run that cannot move);
+  to learn from them (not a hack: a run that cannot move). Not when the run had signal
+  before and the mean training reward of those steps is at least ``saturated_reward``:
+  its groups agree because the policy learned to pass them (a constant reward never had
+  signal, so it still alarms);
 - ``divergence`` (``divergence_alarm``): only with a gold judge: the proxy reward on
   the holdout rose by ``min_reward_gain`` while the gold score did not rise by half that.
 
@@ -50,6 +53,9 @@ class AlarmRules:
     min_guard_drop: float = 0.10  # a guard marker's share of holdout replies, absolute
     max_dead_share: float = 0.75  # share of a step's groups with all-equal rewards
     dead_steps: int = 5  # consecutive logged steps at or above it
+    #: mean training reward over those steps at which their dead groups count as learned
+    #: (every reply passes), not stuck, in a run that had signal before them
+    saturated_reward: float = 0.9
 
 
 @dataclass
@@ -157,11 +163,19 @@ NO_SIGNAL_REMEDIES = (
 )
 
 
-def no_signal_alarm(step: int, dead_shares: list[float], rules: AlarmRules) -> Alarm | None:
+def no_signal_alarm(step: int, dead_shares: list[float], rules: AlarmRules,
+                    rewards: list[float] | None = None) -> Alarm | None:
     """``no_signal`` when each of the last ``dead_steps`` shares of groups with all-equal
-    rewards (TRL's ``frac_reward_zero_std``) is at least ``max_dead_share``."""
+    rewards (TRL's ``frac_reward_zero_std``) is at least ``max_dead_share``, unless the
+    run learned its way there (module docstring; ``rewards``: each step's mean training
+    reward, TRL's ``reward``)."""
     recent = dead_shares[-rules.dead_steps:]
     if len(recent) < rules.dead_steps or min(recent) < rules.max_dead_share:
+        return None
+    had_signal = min(dead_shares, default=1.0) < rules.max_dead_share
+    recent_rewards = (rewards or [])[-rules.dead_steps:]
+    if (had_signal and len(recent_rewards) == len(recent)
+            and sum(recent_rewards) / len(recent_rewards) >= rules.saturated_reward):
         return None
     mean = sum(recent) / len(recent)
     return Alarm(

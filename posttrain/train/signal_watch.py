@@ -3,8 +3,9 @@
 GRPO's advantage is a reply's reward relative to its group; a group whose replies all
 score the same has zero advantage and contributes no gradient. TRL logs the share of
 such groups (``frac_reward_zero_std``) and the mean within-group spread (``reward_std``)
-every step. ``SignalWatch`` keeps both, raises one ``no_signal`` alarm when most groups
-are dead for several steps in a row (``posttrain.train.alarms.no_signal_alarm``), and
+every step. ``SignalWatch`` keeps both (and the mean reward), raises one ``no_signal``
+alarm when most groups are dead for several steps in a row and the run did not learn its
+way there (``posttrain.train.alarms.no_signal_alarm``), and
 sums the run up for the report: a run that reads flat because its groups carried no
 signal says so instead of just reading flat.
 """
@@ -26,6 +27,7 @@ class SignalWatch(HFTrainerCallback):
         self.rules = rules or AlarmRules()
         self.dead_shares: list[float] = []
         self.spreads: list[float] = []
+        self.rewards: list[float] = []
         self.alarms: list[dict[str, Any]] = []
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
@@ -36,9 +38,13 @@ class SignalWatch(HFTrainerCallback):
         self.dead_shares.append(float(logs["frac_reward_zero_std"]))
         if "reward_std" in logs:
             self.spreads.append(float(logs["reward_std"]))
+        if "reward" in logs:
+            self.rewards.append(float(logs["reward"]))
         if self.alarms:
             return  # once per run
-        alarm = no_signal_alarm(state.global_step, self.dead_shares, self.rules)
+        alarm = no_signal_alarm(state.global_step, self.dead_shares, self.rules,
+                                self.rewards if len(self.rewards) == len(self.dead_shares)
+                                else None)
         if alarm is not None:
             self.alarms.append(alarm.to_dict())
             self.run.alarm(alarm.kind, alarm.step, alarm.message, alarm.details)
