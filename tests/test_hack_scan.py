@@ -74,6 +74,17 @@ def test_all_constant_rewards_are_degenerate():
     assert "degenerate" in report.format()
 
 
+def test_rewards_that_vary_where_no_feature_does_name_nothing():
+    # replies that differ only in a number (a count the rule checks): the reward varies
+    # within each prompt, no feature does (a crash before: an empty float mask)
+    call = '<tool_call>\n{"name": "book_pickup", "arguments": {"parcels": %d}}\n</tool_call>'
+    rows = [graded(prompt, call % count, 1.0 if count == 3 else 0.2)
+            for prompt in range(6) for count in (3, 5, 7, 9)]
+    report = hack_scan(rows, endorsed=("tool:book_pickup",))
+    assert report.n_groups_with_variance == 6
+    assert report.top_unendorsed is None
+
+
 def test_differences_between_prompts_are_not_mistaken_for_a_hack():
     # long replies come from easy prompts (high score) and short ones from hard prompts, but
     # within each prompt the score is noise: the pooled correlation is large, within zero.

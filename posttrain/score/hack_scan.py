@@ -330,8 +330,10 @@ def hack_scan(rows: Iterable[Mapping[str, Any]], *, endorsed: Sequence[str] = ()
     group_counts = [
         len(np.unique(groups[np.abs(centred[:, j]) > 1e-12])) for j in range(len(names))
     ]
-    eligible = np.array([count >= min_groups for count in group_counts])
-    endorsed_mask = np.array(is_endorsed)
+    # bool even when empty (no feature varies within a group: replies that differ only in
+    # a number): an empty float array cannot be and-ed with a mask
+    eligible = np.array([count >= min_groups for count in group_counts], dtype=bool)
+    endorsed_mask = np.array(is_endorsed, dtype=bool)
     rng = np.random.default_rng(seed)
     statistic = marginal.copy()
     floors = np.zeros(len(names))
