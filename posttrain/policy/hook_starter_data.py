@@ -10,9 +10,9 @@ other environment gets the same build from what it already has:
   fails, then its constructed negative, then the right move of a prompt of another
   category when the rule fails that here (the wrong tool, or a tool where none is
   wanted);
-- **what is copied**: every string argument of a right move's tool call that the
-  prompt holds word for word (a title, a loan number) is a span the starter's copy
-  circuit carries; its words are kept whole by the tokenizer so the span is the same
+- **what is copied**: every argument of a right move's tool call that the prompt
+  holds word for word (a title, a loan number, a weight) is a span the starter's copy
+  circuit carries; its words are kept apart by the tokenizer so the span is the same
   tokens in the prompt and in the call, and the gate probes the copy.
 
 ``RightShare`` is the behaviour mix: the share of warm-start replies that are the
@@ -28,7 +28,6 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from posttrain.data.prompts import load_prompts
@@ -273,7 +272,3 @@ class HookStarterData:
         payload = json.dumps({"system": self.system, "rows": rows}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
-
-def prompts_file_label(path: str | None) -> str | None:
-    """A prompts file as the recipe records it (absolute path), or None."""
-    return str(Path(path).resolve()) if path else None

@@ -637,8 +637,11 @@ def build_from_scratch(
         if not attempt.failures:
             _say(f"{recipe.name}: build seed {seed} meets the spec ({attempt.probe.describe()})")
             break
+        steer = (", its mix steered toward the ranges"
+                 if isinstance(data, HookStarterData) else "")
         retry = (
-            f"; rebuilding from build seed {seed + 1} ({number + 2} of {recipe.build_attempts})"
+            f"; rebuilding from build seed {seed + 1}{steer} ({number + 2} of "
+            f"{recipe.build_attempts})"
             if number + 1 < recipe.build_attempts
             else ""
         )
