@@ -332,3 +332,23 @@ def test_use_vllm_passes_through_to_trls_config():
     assert (kwargs["use_vllm"], kwargs["vllm_mode"]) == (True, "server")
     assert kwargs["vllm_server_base_url"] == "http://gpu-box:8000"
     assert "use_vllm" not in grpo_config_kwargs(GRPOSettings(), 1e-5, "/tmp/out", "cpu")
+
+
+def test_a_default_run_name_names_the_environment_it_trains_on():
+    from posttrain.train.dpo import DPOSettings
+    from posttrain.train.sft import SFTSettings
+
+    for settings_class, recipe in ((GRPOSettings, "grpo"), (DPOSettings, "dpo"),
+                                   (SFTSettings, "sft")):
+        settings = settings_class()
+        settings.name_run_for("library")
+        assert settings.run_name == f"library-{recipe}-v1"
+    chosen = GRPOSettings(run_name="mine")
+    chosen.name_run_for("library")
+    assert chosen.run_name == "mine"  # a name the user gave stays
+    refund = GRPOSettings()
+    refund.name_run_for("refund")
+    assert refund.run_name == "refund-grpo-v1"
+    odd = GRPOSettings()
+    odd.name_run_for("my rule/v2")
+    assert odd.run_name == "my-rule-v2-grpo-v1"  # a folder name, whatever the env's name

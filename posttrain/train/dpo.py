@@ -178,7 +178,8 @@ class DPOSettings(RecipeSettings):
     )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-dpo-v1",
-        metadata={"help": "the run's name: its folder and dashboard entry"},
+        metadata={"help": "the run's name: its folder and dashboard entry (left at the "
+                          "default, another environment's name replaces 'refund')"},
     )
 
     def default_learning_rate(self, parameters: int) -> float:

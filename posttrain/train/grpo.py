@@ -151,7 +151,8 @@ class GRPOSettings(RecipeSettings):
     )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-grpo-v1",
-        metadata={"help": "the run's name: its folder and dashboard entry"},
+        metadata={"help": "the run's name: its folder and dashboard entry (left at the "
+                          "default, another environment's name replaces 'refund')"},
     )
 
     def completions_per_step(self) -> int:

@@ -150,6 +150,8 @@ def run_recipe(
         check(settings)
         check_world(settings, ranks)
         env = get_env(settings.env)
+        name = getattr(env, "name", None)  # optional on an environment
+        settings.name_run_for(name if isinstance(name, str) else None)
         root = runs_root(settings.runs_dir)
         if settings.from_run:
             # an adapter only fits the model it was trained on: default to that one

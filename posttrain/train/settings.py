@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +147,8 @@ class RecipeSettings(DataFlags):
     )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-run",
-        metadata={"help": "the run's name: its folder and dashboard entry"},
+        metadata={"help": "the run's name: its folder and dashboard entry (left at the "
+                          "default, another environment's name replaces 'refund')"},
     )
     runs_dir: str | None = field(
         default=None, metadata={"help": "folder holding run folders ($POSTTRAIN_RUNS or ./runs)"}
@@ -199,6 +201,17 @@ class RecipeSettings(DataFlags):
         """Where the trainer writes: the run folder's ``trainer/`` when a tracker is on (its
         event files belong with the run), else None (a temporary folder)."""
         return None if self.report_to == "none" else str(run_folder.file("trainer"))
+
+    def name_run_for(self, env_name: str | None) -> None:
+        """Left at its default, the run name names the environment it trains on
+        (``library-grpo-v1`` for the library example, not ``refund-grpo-v1``)."""
+        default = next(f.default for f in dataclasses.fields(self) if f.name == "run_name")
+        prefix = f"{DEFAULT_ENV}-"
+        if (self.run_name == default and env_name and env_name != DEFAULT_ENV
+                and isinstance(default, str) and default.startswith(prefix)):
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", env_name).strip("-")
+            if slug:
+                self.run_name = slug + "-" + default[len(prefix):]
 
     def to_config(self) -> dict[str, Any]:
         """Every field, for ``config.json``."""
