@@ -11,6 +11,12 @@ import re
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+def slug(text: str, limit: int = 40) -> str:
+    """``text`` as a folder-safe name: lower case, runs of anything but letters and digits
+    as one ``-`` (``"My rule/v2"`` -> ``"my-rule-v2"``); "" when nothing is left."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
+
+
 def folded(text: str) -> str:
     """A text with case and whitespace folded: two prompts that differ only so are one."""
     return " ".join(text.lower().split())

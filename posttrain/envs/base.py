@@ -253,6 +253,12 @@ def env_label(env: object) -> str:
     return repr(getattr(env, "name", env))
 
 
+def env_name(env: object) -> str | None:
+    """The environment's ``name`` (optional on an environment), or None."""
+    name = getattr(env, "name", None)
+    return name if isinstance(name, str) and name else None
+
+
 def has_hook(env: object, hook: type[HookT]) -> TypeGuard[HookT]:
     """Does ``env`` provide the optional hook ``hook`` (one of the protocols above)? A
     member that is there but not callable where a method is due does not count."""

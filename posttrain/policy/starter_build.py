@@ -62,7 +62,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import DefaultBaseModel, PromptWriter, StarterDataSource, has_hook
+from posttrain.envs.base import (
+    DefaultBaseModel,
+    PromptWriter,
+    StarterDataSource,
+    env_name,
+    has_hook,
+)
 from posttrain.policy.copy_circuit import CopyCircuit, wire_copy_circuit
 from posttrain.policy.hook_starter_data import HookStarterData
 from posttrain.policy.models import FROZEN_MODULES_KEY
@@ -70,6 +76,7 @@ from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSp
 from posttrain.policy.starter_names import split_seeded_name
 from posttrain.policy.tool_turns import CHATML_TEMPLATE
 from posttrain.progress import progress_bar
+from posttrain.text import slug
 
 # torch threads of every build. Two halves the 10M build here (measured 0.52 s a
 # step against 0.92 on one thread, 2-core x86_64); a 1-core machine still gets
@@ -221,17 +228,13 @@ def hook_recipe(env_spec: str, prompts_file: str | None = None,
     file = str(Path(prompts_file).resolve()) if prompts_file is not None and use_file else None
     data = HookStarterData(env, file)
     base = RECIPES[HOOK_BASE]
-    recipe = replace(base, name=f"starter-{_slug(str(getattr(env, 'name', 'env')))}",
+    recipe = replace(base, name=f"starter-{slug(env_name(env) or '') or 'env'}",
                      env=env_spec, prompts_file=file, mix=data.default_mix,
                      spec=replace(base.spec, pass_rates=None),
                      corpus_situations=base.total_steps * base.batch_size,
                      seed=seed if seed is not None else base.seed)
     rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
     return replace(recipe, data_digest=data.digest(rows))
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "env"
 
 
 def base_recipe(name: str) -> StarterRecipe:

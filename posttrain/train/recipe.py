@@ -25,7 +25,13 @@ from typing import Any, TypeVar
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import DefaultBaseModel, case_of, has_hook, rewarded_features
+from posttrain.envs.base import (
+    DefaultBaseModel,
+    case_of,
+    env_name,
+    has_hook,
+    rewarded_features,
+)
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
 from posttrain.policy.loading import load_policy
@@ -150,8 +156,7 @@ def run_recipe(
         check(settings)
         check_world(settings, ranks)
         env = get_env(settings.env)
-        name = getattr(env, "name", None)  # optional on an environment
-        settings.name_run_for(name if isinstance(name, str) else None)
+        settings.name_run_for(env_name(env))
         root = runs_root(settings.runs_dir)
         if settings.from_run:
             # an adapter only fits the model it was trained on: default to that one

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
 from posttrain.runs.model_card import push_problem
+from posttrain.text import slug
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
 # is for a 1.5B model; the tiny starter learns nothing visible at that rate in 40 steps
@@ -209,9 +209,9 @@ class RecipeSettings(DataFlags):
         prefix = f"{DEFAULT_ENV}-"
         if (self.run_name == default and env_name and env_name != DEFAULT_ENV
                 and isinstance(default, str) and default.startswith(prefix)):
-            slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", env_name).strip("-")
-            if slug:
-                self.run_name = slug + "-" + default[len(prefix):]
+            name = slug(env_name)
+            if name:
+                self.run_name = name + "-" + default[len(prefix):]
 
     def to_config(self) -> dict[str, Any]:
         """Every field, for ``config.json``."""
