@@ -2,14 +2,16 @@
 
 For each build seed B (the starter recipe started from B: ``--base-model starter@B``;
 the quality gate may move on to B + 1 ...) and each training seed S, one run of
-``posttrain grpo`` (or ``posttrain dpo``) with nothing but ``--seed S`` changed from the
-defaults. The data seed stays 0, so every run of one build shares its holdout and its
-base evaluation, and the runs compare pair by pair. The table gives each run's
-verdict, paired delta with its interval, the noise band it had to clear, the alarms it
-raised and its wall time.
+``posttrain grpo`` (or ``posttrain dpo``, ``posttrain sft``) with nothing but
+``--seed S`` changed from the defaults. The data seed stays 0, so every run of one
+build shares its holdout and its base evaluation, and the runs compare pair by pair.
+The table gives each run's verdict, paired delta with its interval, the noise band it
+had to clear, its guard and the categories that went down, the alarms it raised and
+its wall time.
 
     .venv/bin/python benchmarks/seed_study.py --recipe grpo --builds 0,1,2 --seeds 0-4
     .venv/bin/python benchmarks/seed_study.py --recipe dpo --builds 0,1,2 --seeds 0-2 --write
+    .venv/bin/python benchmarks/seed_study.py --recipe sft --env examples/library_env.py:ENV
     .venv/bin/python benchmarks/seed_study.py --env refund-multiturn --builds 0,1 --seeds 0-2
 
 Runs go to a scratch folder; the builds to the models folder ($POSTTRAIN_MODELS).
@@ -34,14 +36,14 @@ from results_md import cpu_description, write_section
 from starter_builds import seeds_from
 
 
-def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refund"
-            ) -> dict[str, Any]:
-    """One default run of ``recipe`` on the environment's starter from build seed
-    ``build`` (``starter@build`` for refund) with training seed ``seed``."""
+def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refund",
+            starter: str | None = None) -> dict[str, Any]:
+    """One default run of ``recipe`` on the environment's starter (or ``starter``) from
+    build seed ``build`` (``starter@build`` for refund) with training seed ``seed``."""
     from posttrain.envs import get_env
     from posttrain.policy.starter import build_starter
 
-    starter = getattr(get_env(env), "starter_model", None) or "starter"
+    starter = starter or getattr(get_env(env), "starter_model", None) or "starter"
     name = f"{starter}@{build}"
     # an environment without a starter of its own gets one built from its hooks
     folder = build_starter(name, show_progress=False, env=env)
@@ -50,6 +52,9 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
     if recipe == "grpo":
         from posttrain.train.grpo import GRPOSettings as Settings
         from posttrain.train.grpo_trainer import run_grpo as run
+    elif recipe == "sft":
+        from posttrain.train.sft import SFTSettings as Settings
+        from posttrain.train.sft_trainer import run_sft as run
     else:
         from posttrain.train.dpo import DPOSettings as Settings
         from posttrain.train.dpo_trainer import run_dpo as run
@@ -68,17 +73,25 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
         "delta": delta.get("delta"), "ci95": delta.get("ci95"),
         "band": delta.get("noise_band_used"), "verdict": summary.get("verdict"),
         "alarms": [f"{a['kind']} {a['step']}" for a in summary.get("alarms", [])],
+        # the guards (well_formed) and the categories that went down: a verdict of
+        # `moved` that broke what the guard measures is not a good run
+        "guards": [f"{g['name']} {g['before']:.2f}->{g['after']:.2f} "
+                   f"{'FELL' if g['fell'] else 'held'}" for g in delta.get("guards") or []],
+        "down": list(delta.get("groups_down") or []),
         "seconds": time.monotonic() - started,
         "build_seconds": build_record.get("seconds"), "probe": build_record.get("probe"),
         "gate": build_record.get("gate"),
     }
 
 
-def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "refund") -> str:
+def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "refund",
+             starter: str | None = None) -> tuple[str, str]:
     title = f"Seed study: `posttrain {recipe}` defaults across builds and training seeds"
     if env != "refund":
         title = (f"Seed study: `posttrain {recipe} --env {env}` defaults across builds and "
                  "training seeds")
+    if starter:
+        title += f" ({starter})"
     lines = [
         f"## {title}",
         "",
@@ -87,8 +100,8 @@ def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "
         "seed 0, so the runs of one build share their holdout and base evaluation.",
         "",
         "| build (seed kept) | training seed | pass@1 before -> after | delta [95%] | "
-        "noise band | verdict | alarms | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "noise band | verdict | guard | down | alarms | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         ci = row["ci95"] or (None, None)
@@ -97,13 +110,17 @@ def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "
         lines.append(
             f"| {row['starter']}@{row['build']} ({row['build_seed']}) | {row['seed']} | "
             f"{row['before']:.2f} -> {row['after']:.2f} | {row['delta']:+.2f} {interval} | "
-            f"{band} | {row['verdict']} | {', '.join(row['alarms']) or 'none'} | "
+            f"{band} | {row['verdict']} | {'; '.join(row['guards']) or '–'} | "
+            f"{', '.join(row['down']) or 'none'} | {', '.join(row['alarms']) or 'none'} | "
             f"{row['seconds']:.0f} |")
     moved = sum(row["verdict"] == "moved" for row in rows)
     alarms = sum(len(row["alarms"]) for row in rows)
+    fell = sum(any("FELL" in guard for guard in row["guards"]) for row in rows)
+    down = sum(bool(row["down"]) for row in rows)
     bands = [row["band"] for row in rows if row["band"] is not None]
-    lines += ["", f"{moved} of {len(rows)} runs read `moved`; {alarms} alarms in all; noise "
-              f"band {min(bands):.2f}-{max(bands):.2f}." if bands else ""]
+    lines += ["", f"{moved} of {len(rows)} runs read `moved`; {alarms} alarms in all; a guard "
+              f"fell in {fell}, a category went down in {down}; noise band "
+              f"{min(bands):.2f}-{max(bands):.2f}." if bands else ""]
     builds = {row["build"]: row for row in rows if row.get("build_seconds") is not None}
     if builds:
         lines += ["", "| build | gate | probe | build s |", "|---|---|---|---|"]
@@ -119,24 +136,28 @@ def markdown(recipe: str, rows: list[dict[str, Any]], command: str, env: str = "
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", choices=("grpo", "dpo"), default="grpo")
+    parser.add_argument("--recipe", choices=("grpo", "dpo", "sft"), default="grpo")
     parser.add_argument("--builds", default="0,1,2", help="starter build seeds")
     parser.add_argument("--seeds", default="0-4", help="training seeds: 0-4 or 0,2")
     parser.add_argument("--env", default="refund",
                         help="environment (its starter_model is the base, e.g. "
                         "refund-multiturn -> starter-multiturn)")
+    parser.add_argument("--starter", default=None,
+                        help="the starter to build from each seed (default: the "
+                        "environment's, e.g. starter for refund; starter-2m is the 1.6M one)")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     rows = []
     command = (f"python benchmarks/seed_study.py --recipe {args.recipe} --builds {args.builds} "
-               f"--seeds {args.seeds}" + (f" --env {args.env}" if args.env != "refund" else ""))
+               f"--seeds {args.seeds}" + (f" --env {args.env}" if args.env != "refund" else "")
+               + (f" --starter {args.starter}" if args.starter else ""))
     with tempfile.TemporaryDirectory(prefix="posttrain-seed-study-") as runs_dir:
         for build in seeds_from(args.builds):
             for seed in seeds_from(args.seeds):
-                row = run_one(args.recipe, build, seed, runs_dir, args.env)
+                row = run_one(args.recipe, build, seed, runs_dir, args.env, args.starter)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-                section, title = markdown(args.recipe, rows, command, args.env)
+                section, title = markdown(args.recipe, rows, command, args.env, args.starter)
                 if args.write:  # a row at a time: a long study keeps what it measured
                     write_section(title, section)
     print(section)
