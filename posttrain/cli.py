@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from posttrain.commands.env_flag import fold_env_args
 from posttrain.errors import PosttrainError
 
 # subcommand modules, in the order `posttrain --help` lists them
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        fold_env_args(args)
         return int(args.func(args) or 0)
     except PosttrainError as error:
         print(f"posttrain {args.command}: error: {error}", file=sys.stderr)

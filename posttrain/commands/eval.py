@@ -13,6 +13,7 @@ import sys
 from posttrain.agents import agent_identity
 from posttrain.commands.agent_args import add_agent_args, build_agent
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.env_flag import add_env_arg
 from posttrain.data.prepare import DataFlags, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
@@ -47,8 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--env",
         default=DEFAULT_ENV,
-        help=f"environment name or module:attribute (default {DEFAULT_ENV})",
+        help=f"environment name, module:attribute or verifiers:ENV_ID (default {DEFAULT_ENV})",
     )
+    add_env_arg(data)
     add_agent_args(parser)
     sampling = parser.add_argument_group("evaluation")
     sampling.add_argument(

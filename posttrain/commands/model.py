@@ -9,6 +9,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
+from posttrain.commands.env_flag import add_env_arg
 from posttrain.errors import PosttrainError
 from posttrain.policy import models
 from posttrain.policy.starter import build_starter, recipe_for, starter_folder
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "from its own hooks: its prompt writer, its reference agent's right moves and its "
         "scripted agent's mistakes, gated on its own rule (docs/policies.md). The refund "
         "rules keep their own starters")
+    add_env_arg(build)
     build.add_argument(
         "--prompts-file", default=None, metavar="FILE",
         help="with --env, for an environment without a prompt writer: the JSONL prompts the "
@@ -65,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--env", default=None, metavar="ENV",
                       help="with starter: that environment's own starter (as model build "
                       "--env builds it)")
+    add_env_arg(info)
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     info.set_defaults(func=run_info)
 

@@ -14,6 +14,7 @@ from collections import Counter
 
 from posttrain.commands.agent_args import add_agent_args, build_agent
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.env_flag import add_env_arg
 from posttrain.data.prepare import DataFlags, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import require_single_turn
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_ENV,
         help=f"environment name or module:attribute (default {DEFAULT_ENV})",
     )
+    add_env_arg(data)
     add_agent_args(build)
     pairing = build.add_argument_group("pairing")
     pairing.add_argument(
@@ -106,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_ENV,
         help=f"environment name or module:attribute (default {DEFAULT_ENV})",
     )
+    add_env_arg(stats)
     stats.add_argument("--skip-invalid", action="store_true", help="drop bad lines and count them")
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     stats.set_defaults(func=run_stats)

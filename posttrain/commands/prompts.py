@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.commands.agent_args import add_endpoint_args, endpoint_settings
+from posttrain.commands.env_flag import add_env_arg
 from posttrain.data.prepare import DEFAULT_SITUATIONS
 from posttrain.data.prompts import (
     drop_near_duplicates,
@@ -134,6 +135,7 @@ def _add_env(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ENV,
         help=f"environment: reads each prompt's category and ground truth (default {DEFAULT_ENV})",
     )
+    add_env_arg(parser)
 
 
 def _print_counts(counts: dict[str, int], env: Env, label: str = "") -> None:

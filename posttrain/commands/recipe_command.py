@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.env_flag import add_env_arg
 from posttrain.commands.settings_file import load_settings_file
+from posttrain.envs.ecosystem import with_env_args
 from posttrain.interrupts import SIGTERM_EXIT_CODE, interruptible
 from posttrain.train.settings import RecipeSettings
 
@@ -41,6 +43,7 @@ def register_recipe_command(
     add_dataclass_args(
         parser.add_argument_group("model, data, evaluation and run"), settings_class, skip=own
     )
+    add_env_arg(parser)
     parser.add_argument(
         "--config", metavar="FILE", default=None,
         help="read flags from a TOML, YAML or JSON file (keys are flag names; a run's own "
@@ -60,7 +63,11 @@ def settings_for(settings_class: type, args: argparse.Namespace, command: str) -
     """The recipe's settings: command-line flags, then ``--config FILE``, then defaults."""
     file_values = (load_settings_file(args.config, settings_class, command)
                    if getattr(args, "config", None) else {})
-    return settings_from_args(settings_class, args, file_values)
+    settings = settings_from_args(settings_class, args, file_values)
+    pairs = getattr(args, "env_arg", None)
+    if pairs:  # --env came from the file or the default: fold the pairs in now
+        settings.env = with_env_args(settings.env, pairs)
+    return settings
 
 
 def recipe_exit_code(summary: dict[str, Any]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from posttrain.envs.base import Env, check_env, passes, rewarded_features
+from posttrain.envs.ecosystem import ecosystem_env
 from posttrain.errors import PosttrainError
 from posttrain.plugins import load_object
 
@@ -19,15 +20,19 @@ def get_env(name: str = DEFAULT_ENV) -> Env:
     """Return the environment called ``name``.
 
     ``name`` is a built-in name (``refund``), ``package.module:attribute`` or
-    ``path/to/file.py:attribute`` for a user's own environment object. Raises
+    ``path/to/file.py:attribute`` for a user's own environment object, or an environment
+    another library loads (``verifiers:ENV_ID``, ``posttrain.envs.ecosystem``). Raises
     ``PosttrainError`` naming the choices, or what a user's object lacks.
     """
+    loaded = ecosystem_env(name)
+    if loaded is not None:
+        return check_env(loaded, f"--env {name!r}")
     target = BUILTIN_ENVS.get(name, name)
     if ":" not in target:
         known = ", ".join(sorted(BUILTIN_ENVS))
         raise PosttrainError(
-            f"unknown environment {name!r}: use one of {known}, or module:attribute "
-            "(or file.py:attribute)"
+            f"unknown environment {name!r}: use one of {known}, module:attribute "
+            "(or file.py:attribute), or verifiers:ENV_ID"
         )
     return check_env(load_object(target, "--env", "my_rules.py:ENV"), f"--env {name!r}")
 

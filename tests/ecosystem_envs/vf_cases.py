@@ -1,0 +1,61 @@
+"""verifiers environments posttrain must refuse, one per ``kind`` (load_environment(kind=)).
+
+Loaded by tests/test_ecosystem_verifiers.py as ``--env verifiers:vf-cases?kind=...``.
+"""
+
+from __future__ import annotations
+
+import verifiers as vf
+from datasets import Dataset
+from openai import AsyncOpenAI
+
+ROWS = [{"question": "What is 2 plus 2?", "answer": "4"},
+        {"question": "What is 3 plus 4?", "answer": "7"}]
+
+
+def exact(completion, answer, **_kwargs) -> float:
+    return float(str(completion[-1]["content"] if isinstance(completion[-1], dict)
+                     else completion[-1].content).strip() == answer)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+class EchoEnv(vf.MultiTurnEnv):
+    """A multi-turn environment whose turns are its own code."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return [{"role": "user", "content": "Are you sure?"}]
+
+
+class CounterEnv(vf.StatefulToolEnv):
+    def update_tool_args(self, tool_name, tool_args, messages, state, **kwargs):
+        return tool_args
+
+
+def load_environment(kind: str = "plain", **kwargs) -> vf.Environment:
+    data = Dataset.from_list(ROWS)
+    if kind == "plain":
+        return vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric(funcs=[exact]))
+    if kind == "judged":
+        judge = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused")
+        return vf.SingleTurnEnv(dataset=data, rubric=vf.JudgeRubric(judge_client=judge))
+    if kind == "grouped":
+        def distinct(completions, **_kwargs) -> list[float]:
+            return [1.0 / len(completions)] * len(completions)
+        return vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric(funcs=[exact, distinct]))
+    if kind == "multiturn":
+        return EchoEnv(dataset=data, rubric=vf.Rubric(funcs=[exact]), max_turns=3)
+    if kind == "stateful":
+        return CounterEnv(dataset=data, tools=[add], rubric=vf.Rubric(funcs=[exact]))
+    if kind == "history":
+        rows = [{"prompt": [{"role": "user", "content": "Hi"},
+                            {"role": "assistant", "content": "Hello"},
+                            {"role": "user", "content": row["question"]}],
+                 "answer": row["answer"]} for row in ROWS[:1]]
+        rows.append({"prompt": [{"role": "user", "content": ROWS[1]["question"]}],
+                     "answer": ROWS[1]["answer"]})
+        return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact]))
+    raise ValueError(f"unknown kind {kind!r}")

@@ -1,0 +1,183 @@
+"""`--env verifiers:ENV_ID`: a verifiers (0.3.1, classic API) environment as a posttrain
+environment, with the real library. The example package (examples/vf_arith) is put on
+the import path, as `pip install -e examples/vf_arith` would.
+
+The reward posttrain records for a reply must be what verifiers computes for it: the
+library's own rollout (`run_rollout` against a scripted OpenAI-compatible server on
+127.0.0.1) and posttrain's eval of the same server are compared row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verifiers")
+
+from chat_servers import ChatHandler, completion, serving
+
+from posttrain.cli import main
+from posttrain.envs import get_env
+from posttrain.envs.ecosystem.bridge import run_sync
+from posttrain.envs.ecosystem.spec import parse_env_spec, with_env_args
+from posttrain.errors import PosttrainError
+
+ROOT = Path(__file__).resolve().parent.parent
+ARITH = "verifiers:vf-arith?count=24"
+
+
+@pytest.fixture(autouse=True)
+def example_packages(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "vf_arith"))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "ecosystem_envs"))
+
+
+class Calculator(ChatHandler):
+    """Answers sums right in the tag, products wrong (in the tag or, every third, without)."""
+
+    def do_POST(self) -> None:
+        question = self.body()["messages"][-1]["content"]
+        a, op, b = re.search(r"(\d+) (plus|times) (\d+)", question).groups()
+        if op == "plus":
+            reply = f"<answer>{int(a) + int(b)}</answer>"
+        elif int(a) % 3 == 0:
+            reply = f"It is {int(a) * int(b) + 1}."
+        else:
+            reply = f"Let me see. <answer>{int(a) * int(b) + 1}</answer>"
+        self.send_json(completion(self.model, reply))
+
+
+def test_the_spec_carries_the_loader_arguments():
+    assert with_env_args("verifiers:vf-arith", ["count=40", "ops=[\"+\"]", "split=test"]) == \
+        "verifiers:vf-arith?count=40&ops=%5B%22%2B%22%5D&split=test"
+    spec = parse_env_spec("verifiers:vf-arith?count=40&ops=%5B%22%2B%22%5D&split=test&n=%2240%22")
+    assert spec.args == {"count": 40, "ops": ["+"], "split": "test", "n": "40"}
+    assert parse_env_spec("refund") is None and parse_env_spec("my_env.py:ENV") is None
+    # text that reads as JSON keeps its type through the round trip
+    assert parse_env_spec(with_env_args("verifiers:x", ["n=\"40\""])).args == {"n": "40"}
+    with pytest.raises(PosttrainError, match="expected KEY=VALUE"):
+        with_env_args("verifiers:vf-arith", ["count"])
+    with pytest.raises(PosttrainError, match="takes no arguments"):
+        with_env_args("refund", ["count=4"])
+
+
+def test_dataset_rows_become_prompt_records():
+    env = get_env(ARITH)
+    assert env.name == "vf-arith"
+    assert env.categories == ("add", "multiply")
+    assert env.record_fields == {"answer": "string", "info": "object"}
+    assert "<answer></answer>" in env.system
+    records = env.write_prompts(10, seed=3)
+    assert len(records) == 10 and records == env.write_prompts(10, seed=3)
+    assert records != env.write_prompts(10, seed=4)
+    assert len(env.write_prompts(1000)) == 24  # the dataset has 24 rows
+    record = records[0]
+    assert env.messages_for(record["prompt"])[0] == {"role": "system", "content": env.system}
+    assert record["category"] == record["fields"]["info"]["category"]
+    assert env.case_for(record["prompt"]) == record["case"]
+
+
+def test_the_score_is_the_rubric_clipped_and_its_functions_are_markers():
+    env = get_env(ARITH)
+    case = env.write_prompts(1)[0]["case"]
+    right = f"<answer>{case['answer']}</answer>"
+    assert env.score(right, case) == 1.0  # 1.0 + 0.2 format, clipped
+    assert env.score("<answer>-1</answer>", case) == pytest.approx(0.2)
+    assert env.markers(right, case) == {"correct_answer": 1.0, "format_reward_func": 1.0,
+                                        "num_turns": 1.0}
+    # the library's own number for the same reply (not clipped)
+    state = env.rubric_state(right, case)
+    assert state["reward"] == pytest.approx(1.2)
+
+
+def test_posttrain_records_the_reward_verifiers_computes(tmp_path, capsys):
+    import verifiers as vf
+    from openai import AsyncOpenAI
+
+    env = get_env(ARITH)
+    with serving(Calculator) as url:
+        client = vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=url, api_key="x"))
+        library = {}
+        for row in env.vf_env.get_dataset():
+            state = run_sync(env.vf_env.run_rollout(dict(row), client, "scripted",
+                                                    sampling_args={}))
+            library[row["prompt"][-1]["content"]] = state["reward"]
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", ARITH, "--endpoint", url, "--endpoint-model", "scripted",
+                     "--split", "all", "--samples", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 24
+    for row in rows:  # row by row: clipped to [0, 1], else the same number
+        assert row["score"] == pytest.approx(min(1.0, library[row["prompt"]]))
+    scores = sorted({round(row["score"], 2) for row in rows})
+    assert scores == [0.04, 0.16, 1.0]  # plain text, wrong after prose in the tag, right
+    assert re.search(r"add\s+\d+\s+\d+\s+1\.00", printed)
+    assert re.search(r"multiply\s+\d+\s+\d+\s+0\.00", printed)
+
+
+def test_env_arg_reaches_load_environment(tmp_path, capsys):
+    with serving(Calculator) as url:
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", "verifiers:vf-arith", "--env-arg", "count=12",
+                     "--env-arg", 'ops=["+"]', "--endpoint", url, "--endpoint-model",
+                     "scripted", "--split", "all", "--samples", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12 and {row["category"] for row in rows} == {"add"}
+    assert "(add 10)" in capsys.readouterr().err  # the data summary: sums only
+
+
+def test_a_prompts_file_must_carry_the_rows_columns(tmp_path, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 2 plus 2?", "answer": "4"}) + "\n")
+    assert main(["eval", "--env", ARITH, "--prompts-file", str(path),
+                 "--base-model", "starter-2m"]) == 2
+    error = capsys.readouterr().err
+    assert "prompts.jsonl:1: field 'info': missing" in error and "'vf-arith'" in error
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("judged", "asks a judge model for the reward"),
+    ("grouped", "score a group of rollouts together"),
+    ("multiturn", "env_response is its own code"),
+    ("stateful", "tools keep state between calls"),
+    ("history", "differ in the messages before the user's"),
+])
+def test_what_cannot_be_mapped_is_refused_with_the_reason(kind, says, capsys):
+    assert main(["eval", "--env", f"verifiers:vf-cases?kind={kind}",
+                 "--base-model", "starter-2m"]) == 2
+    error = capsys.readouterr().err
+    assert says in error and "vf-cases" in error and "Traceback" not in error
+
+
+def test_unknown_packages_and_bad_arguments_say_so(capsys):
+    assert main(["eval", "--env", "verifiers:no-such-env", "--base-model", "starter-2m"]) == 2
+    assert "Ensure the package for the 'no-such-env' environment is installed" in \
+        capsys.readouterr().err
+    assert main(["eval", "--env", "verifiers:vf-arith", "--env-arg", "ops=[\"/\"]",
+                 "--base-model", "starter-2m"]) == 2
+    assert "unknown operation" in capsys.readouterr().err
+    assert main(["eval", "--env", "verifiers:", "--base-model", "starter-2m"]) == 2
+    assert "name the verifiers environment" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_short_grpo_run_trains_on_the_verifiers_reward(tmp_path, starter_2m_folder):
+    pytest.importorskip("trl")
+    assert main(["grpo", "--env", "verifiers:vf-arith?count=40", "--base-model", "starter-2m",
+                 "--steps", "2", "--num-generations", "4", "--eval-samples", "2",
+                 "--runs-dir", str(tmp_path)]) == 0
+    folder = tmp_path / "vf-arith-grpo-v1"  # the run is named after the environment
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "done"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["settings"]["env"] == "verifiers:vf-arith?count=40"  # names it again
+    env = get_env(config["settings"]["env"])
+    rows = [json.loads(line) for line in (folder / "holdout_after.jsonl").open()]
+    assert rows
+    for row in rows:  # what the run recorded is the rubric's verdict on that reply
+        assert row["score"] == pytest.approx(env.score(row["reply"], row["case"]))
+        assert row["markers"] == env.markers(row["reply"], row["case"])
