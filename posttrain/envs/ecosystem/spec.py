@@ -53,7 +53,7 @@ def with_env_args(env: str, pairs: list[str] | None) -> str:
     if spec is None:
         raise PosttrainError(
             f"--env-arg applies to an environment loaded by a library (--env "
-            f"verifiers:ENV_ID or inspect:TASK); --env {env!r} takes no arguments")
+            f"verifiers:ENV_ID); --env {env!r} takes no arguments")
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals or not key.strip():
