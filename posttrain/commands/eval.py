@@ -1,7 +1,9 @@
 """``posttrain eval``: pass@1 of an agent with intervals, overall and by category.
 
-Also ``posttrain eval --compare BEFORE AFTER``: the paired delta of two graded
-row files (same prompts), with the category table and the guard check.
+Also ``posttrain eval --compare BEFORE AFTER``: the paired delta of two evaluations of
+the same prompts, with the category table and the guard check: posttrain's graded row
+files, or two inspect_ai logs, or two lm-eval ``--log_samples`` outputs
+(``score.eval_logs``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
 from posttrain.policy.judge import agreement, endpoint_judge
 from posttrain.progress import progress_bar
-from posttrain.score.delta import noise_band, run_verdict
+from posttrain.score.delta import RUN_GUARDS, noise_band, run_verdict
 from posttrain.score.episode_stats import episode_stats, format_episode_stats
+from posttrain.score.eval_logs import POSTTRAIN_ROWS, load_compared, pairing_problem
 from posttrain.score.evaluate import evaluate
 from posttrain.score.passat import category_table, format_group_table, pass_at
-from posttrain.score.rows import load_rows, save_rows
+from posttrain.score.rows import save_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--env",
         default=DEFAULT_ENV,
-        help=f"environment name, module:attribute or verifiers:ENV_ID (default {DEFAULT_ENV})",
+        help=f"environment name, module:attribute, verifiers:ENV_ID or inspect:PKG/TASK "
+             f"(default {DEFAULT_ENV})",
     )
     add_env_arg(data)
     add_agent_args(parser)
@@ -83,14 +87,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs=2,
         metavar=("BEFORE", "AFTER"),
         default=None,
-        help="print the paired delta of two graded row files and exit",
+        help="print the paired delta of two evaluations and exit: posttrain's graded row "
+             "files, inspect_ai logs (.eval/.json) or lm-eval --log_samples output "
+             "(samples_*.jsonl or its folder)",
     )
     output.add_argument(
         "--noise-from",
         nargs="+",
         default=None,
         metavar="ROWS",
-        help="with --compare: two or more row files of one policy re-evaluated, for the noise band",
+        help="with --compare: two or more evaluations (row files or logs) of one policy "
+             "re-evaluated, for the noise band",
+    )
+    output.add_argument(
+        "--score", default=None, metavar="NAME",
+        help="with --compare on evaluations run elsewhere: the inspect_ai scorer, or the "
+             "lm-eval METRIC[,FILTER] (e.g. exact_match,strict-match), that decides a pass "
+             "(default: the first the log records)",
     )
     parser.set_defaults(func=run)
 
@@ -179,16 +192,34 @@ def _describe_policy(policy: dict) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    before = load_rows(args.compare[0])
-    after = load_rows(args.compare[1])
+    """The paired verdict of two evaluations: posttrain's graded rows, inspect_ai logs or
+    lm-eval samples (``score.eval_logs``), each side paired by scenario / sample id."""
+    before = load_compared(args.compare[0], args.score)
+    after = load_compared(args.compare[1], args.score)
+    problem = pairing_problem(before, after)
+    if problem:
+        raise PosttrainError(f"--compare {args.compare[0]} {args.compare[1]}: cannot pair: "
+                             f"{problem}")
     noise = None
     if args.noise_from:
         if len(args.noise_from) < 2:
             raise PosttrainError("--noise-from needs two or more row files of the same policy")
-        noise = noise_band([load_rows(path) for path in args.noise_from])
-    report = run_verdict(before, after, noise=noise)
+        noise = noise_band([load_compared(path, args.score).rows for path in args.noise_from])
+    foreign = before.kind != POSTTRAIN_ROWS
+    # a foreign log records no well_formed marker: only posttrain's rows have guards
+    report = run_verdict(before.rows, after.rows, noise=noise,
+                         guards=() if foreign else RUN_GUARDS)
+    notes = list(dict.fromkeys([*before.notes, *after.notes]))
     if args.json:
-        print(json.dumps(report.to_dict(), sort_keys=True))
+        summary = report.to_dict()
+        if foreign:
+            summary["sources"] = {"before": before.describe(), "after": after.describe()}
+            summary["notes"] = notes
+        print(json.dumps(summary, sort_keys=True))
     else:
+        if foreign:
+            print(f"before: {before.describe()}\nafter:  {after.describe()}")
+            for note in notes:
+                print(f"note: {note}")
         print(report.format())
     return 0 if report.ok else 1

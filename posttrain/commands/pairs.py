@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument(
         "--env",
         default=DEFAULT_ENV,
-        help=f"environment name or module:attribute (default {DEFAULT_ENV})",
+        help=f"environment name, module:attribute, verifiers:ENV_ID or inspect:PKG/TASK "
+             f"(default {DEFAULT_ENV})",
     )
     add_env_arg(data)
     add_agent_args(build)
@@ -106,7 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument(
         "--env",
         default=DEFAULT_ENV,
-        help=f"environment name or module:attribute (default {DEFAULT_ENV})",
+        help=f"environment name, module:attribute, verifiers:ENV_ID or inspect:PKG/TASK "
+             f"(default {DEFAULT_ENV})",
     )
     add_env_arg(stats)
     stats.add_argument("--skip-invalid", action="store_true", help="drop bad lines and count them")

@@ -133,7 +133,8 @@ def _add_env(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env",
         default=DEFAULT_ENV,
-        help=f"environment: reads each prompt's category and ground truth (default {DEFAULT_ENV})",
+        help=f"environment (a name, module:attribute, verifiers:ENV_ID or inspect:PKG/TASK): "
+             f"reads each prompt's category and ground truth (default {DEFAULT_ENV})",
     )
     add_env_arg(parser)
 

@@ -21,8 +21,9 @@ def get_env(name: str = DEFAULT_ENV) -> Env:
 
     ``name`` is a built-in name (``refund``), ``package.module:attribute`` or
     ``path/to/file.py:attribute`` for a user's own environment object, or an environment
-    another library loads (``verifiers:ENV_ID``, ``posttrain.envs.ecosystem``). Raises
-    ``PosttrainError`` naming the choices, or what a user's object lacks.
+    another library loads (``verifiers:ENV_ID``, ``inspect:PKG/TASK``;
+    ``posttrain.envs.ecosystem``). Raises ``PosttrainError`` naming the choices, or what a
+    user's object lacks.
     """
     loaded = ecosystem_env(name)
     if loaded is not None:
@@ -32,7 +33,8 @@ def get_env(name: str = DEFAULT_ENV) -> Env:
         known = ", ".join(sorted(BUILTIN_ENVS))
         raise PosttrainError(
             f"unknown environment {name!r}: use one of {known}, module:attribute "
-            "(or file.py:attribute), or verifiers:ENV_ID"
+            "(or file.py:attribute), verifiers:ENV_ID, or inspect:PKG/TASK "
+            "(inspect:FILE.py@TASK)"
         )
     return check_env(load_object(target, "--env", "my_rules.py:ENV"), f"--env {name!r}")
 

@@ -162,7 +162,9 @@ class RecipeSettings(DataFlags):
                           "an sft run before grpo); --base-model then defaults to that run's"},
     )
     env: str = field(
-        default=DEFAULT_ENV, metadata={"help": "environment name or module:attribute"}
+        default=DEFAULT_ENV,
+        metadata={"help": "environment name, module:attribute, verifiers:ENV_ID or "
+                          "inspect:PKG/TASK"}
     )
     report_to: str = field(
         default="none",

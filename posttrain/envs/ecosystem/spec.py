@@ -1,4 +1,4 @@
-"""``--env verifiers:ENV_ID`` and ``--env inspect:TASK``: the spec of an ecosystem environment.
+"""``--env verifiers:ENV_ID`` and ``--env inspect:PKG/TASK``: the spec of an ecosystem environment.
 
 A spec is one string, so it travels wherever ``--env`` does (a run's config, ``--from-run``,
 the dashboard) and names the same environment again: ``LIBRARY:TARGET``, then the
@@ -53,7 +53,7 @@ def with_env_args(env: str, pairs: list[str] | None) -> str:
     if spec is None:
         raise PosttrainError(
             f"--env-arg applies to an environment loaded by a library (--env "
-            f"verifiers:ENV_ID); --env {env!r} takes no arguments")
+            f"verifiers:ENV_ID or inspect:PKG/TASK); --env {env!r} takes no arguments")
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals or not key.strip():
@@ -84,4 +84,4 @@ def _value(text: str) -> Any:
         return text
 
 
-_EXAMPLES = {"verifiers": "vf-arith", "inspect": "examples/inspect_arith.py@arith"}
+_EXAMPLES = {"verifiers": "vf-arith", "inspect": "inspect_arith/arith"}

@@ -27,16 +27,19 @@ earlier messages. Nothing is silently skipped.
 
 from __future__ import annotations
 
-import json
-import random
 from typing import Any
 
 from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
+from posttrain.envs.ecosystem.common import (
+    DEFAULT_CATEGORY,
+    ScoreCache,
+    clip,
+    pick_indices,
+    shared_prefix,
+)
 from posttrain.errors import PosttrainError
 
-#: the category of every prompt of an environment whose dataset has no ``task`` column
-DEFAULT_CATEGORY = "default"
 #: JSON type names of the columns that travel as record fields
 _JSON_TYPES = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"),
                (dict, "object"), (list, "array"))
@@ -148,13 +151,13 @@ class VerifiersEnv:
                               if name in rows[0] and (kind := _json_type(rows[0][name]))}
         self.categories = tuple(sorted({self.category(self._fields(row)) for row in rows}))
         self._by_prompt = {self._user_text(row): row for row in rows}
-        self._scores: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
+        self._scores = ScoreCache()
 
     # -- prompts ---------------------------------------------------------------
 
     def _shared_prefix(self, rows: list[dict[str, Any]]) -> list[dict[str, str]]:
         """The messages before the user's, the same in every row (or a refusal)."""
-        prefixes = set()
+        prefixes = []
         for row in rows:
             prompt = row.get("prompt")
             if not isinstance(prompt, list) or not prompt:
@@ -167,13 +170,8 @@ class VerifiersEnv:
                 raise PosttrainError(
                     f"verifiers environment {self.env_id!r}: row {row.get('example_id')}'s "
                     "prompt does not end with the user's message")
-            prefixes.add(json.dumps(messages[:-1]))
-        if len(prefixes) > 1:
-            raise PosttrainError(
-                f"verifiers environment {self.env_id!r}: its rows differ in the messages "
-                "before the user's (per-row few-shot or history); posttrain's prompts share "
-                "one system prompt and prefix")
-        return list(json.loads(prefixes.pop()))
+            prefixes.append(messages[:-1])
+        return shared_prefix(prefixes, f"verifiers environment {self.env_id!r}")
 
     def _user_text(self, row: dict[str, Any]) -> str:
         return _plain(row["prompt"][-1])["content"]
@@ -184,10 +182,8 @@ class VerifiersEnv:
     def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
         """``count`` of the dataset's rows (all of them when it has fewer), chosen by
         ``seed``; each a prompt record with the row's columns as fields."""
-        order = list(range(len(self._rows)))
-        random.Random(seed).shuffle(order)
         records = []
-        for index in sorted(order[:count]):
+        for index in pick_indices(len(self._rows), count, seed):
             row = self._rows[index]
             prompt = self._user_text(row)
             fields = self._fields(row)
@@ -248,14 +244,12 @@ class VerifiersEnv:
         return state
 
     def _scored(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
-        key = (reply, json.dumps(case, sort_keys=True, default=str))
-        if key not in self._scores:
-            if len(self._scores) > 4096:  # score() then markers() of the same reply hit
-                self._scores.clear()
+        def compute() -> tuple[float, dict[str, float]]:
             state = self.rubric_state(reply, case)
-            metrics = {name: _clip(value) for name, value in (state["metrics"] or {}).items()}
-            self._scores[key] = (_clip(state["reward"]), metrics)
-        return self._scores[key]
+            metrics = {name: clip(value) for name, value in (state["metrics"] or {}).items()}
+            return clip(state["reward"]), metrics
+
+        return self._scores.get(reply, case, compute)
 
     def score(self, reply: str, case: Case) -> float:
         """The rubric's weighted sum on the reply, clipped to [0, 1]."""
@@ -265,7 +259,3 @@ class VerifiersEnv:
         """Each of the rubric's functions on the reply, clipped to [0, 1]."""
         return dict(self._scored(reply, case)[1])
 
-
-def _clip(value: Any) -> float:
-    number = float(value or 0.0)
-    return min(1.0, max(0.0, number)) if number == number else 0.0

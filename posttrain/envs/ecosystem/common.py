@@ -1,0 +1,59 @@
+"""What the ecosystem adapters share: the default category, score clipping, a reply-score
+cache, the prompt prefix every row must share, and picking prompt records by seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from posttrain.envs.base import Case
+from posttrain.errors import PosttrainError
+
+#: the category of every prompt of an environment whose data names none
+DEFAULT_CATEGORY = "default"
+
+
+def clip(value: Any) -> float:
+    """A library's score as a posttrain score: a number in [0, 1] (NaN and None are 0)."""
+    number = float(value or 0.0)
+    return min(1.0, max(0.0, number)) if number == number else 0.0
+
+
+def shared_prefix(prefixes: Sequence[list[dict[str, str]]], where: str) -> list[dict[str, str]]:
+    """The messages before the user's, which must be the same for every row: posttrain's
+    prompts share one system prompt (``Env.system``) and prefix."""
+    distinct = {json.dumps(prefix) for prefix in prefixes}
+    if len(distinct) > 1:
+        raise PosttrainError(
+            f"{where}: its rows differ in the messages before the user's (a per-row system "
+            "prompt, few-shot or history); posttrain's prompts share one system prompt and "
+            "prefix")
+    return list(json.loads(distinct.pop())) if distinct else []
+
+
+def pick_indices(total: int, count: int, seed: int) -> list[int]:
+    """``count`` of ``range(total)`` (all when there are fewer), chosen by ``seed``, in order."""
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    return sorted(order[:count])
+
+
+class ScoreCache:
+    """Scores of (reply, case) pairs: ``score()`` then ``markers()`` of one reply run the
+    library's scorers once. Bounded, so a long run does not grow it without end."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._scores: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
+
+    def get(self, reply: str, case: Case, compute: Callable[[], tuple[float, dict[str, float]]]
+            ) -> tuple[float, dict[str, float]]:
+        key = (reply, json.dumps(case, sort_keys=True, default=str))
+        if key not in self._scores:
+            if len(self._scores) >= self._limit:
+                self._scores.clear()
+            self._scores[key] = compute()
+        return self._scores[key]

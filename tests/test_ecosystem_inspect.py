@@ -1,0 +1,218 @@
+"""`--env inspect:PKG/TASK` and `inspect:FILE.py@TASK`: an inspect_ai task as a posttrain
+environment, with the real library. The example package (examples/inspect_arith) is
+installed for the session with pip into a temporary site-packages folder, so inspect
+finds its task through the `inspect_ai` entry point as it would after `pip install`.
+
+The reward posttrain records for a reply must be what inspect computes for it: inspect's
+own `eval` (its mockllm model answering with a scripted function) and posttrain's eval of
+an OpenAI-compatible server answering with the same function are compared sample by
+sample.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("inspect_ai")
+
+from chat_servers import ChatHandler, completion, serving
+
+from posttrain.cli import main
+from posttrain.envs import get_env
+from posttrain.errors import PosttrainError
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_TASK = "inspect:inspect_arith/arith"
+FILE_TASK = "inspect:" + str(ROOT / "examples" / "inspect_arith" / "inspect_arith.py") + "@arith"
+CASES = "inspect:" + str(ROOT / "tests" / "ecosystem_envs" / "inspect_cases.py") + "@"
+
+
+@pytest.fixture(scope="session")
+def installed_example(tmp_path_factory) -> Path:
+    """examples/inspect_arith installed (no dependencies, no index) into a site-packages
+    folder of the session's own."""
+    site = tmp_path_factory.mktemp("inspect-example") / "site-packages"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--no-index", "--disable-pip-version-check",
+                    "--target", str(site), str(ROOT / "examples" / "inspect_arith")],
+                   check=True, capture_output=True)
+    return site
+
+
+@pytest.fixture(autouse=True)
+def example_on_path(installed_example, monkeypatch):
+    monkeypatch.syspath_prepend(str(installed_example))
+
+
+def answer(question: str) -> str:
+    """Sums right; products one too high, every third of them after some prose."""
+    a, op, b = re.search(r"(\d+) (plus|times) (\d+)", question).groups()
+    if op == "plus":
+        return str(int(a) + int(b))
+    if int(a) % 3 == 0:
+        return (f"Let me think about {a} times {b} carefully, step by step, before I give "
+                f"you the number. It is {int(a) * int(b) + 1}")
+    return str(int(a) * int(b) + 1)
+
+
+class Calculator(ChatHandler):
+    def do_POST(self) -> None:
+        self.send_json(completion(self.model, answer(self.body()["messages"][-1]["content"])))
+
+
+def test_samples_become_prompt_records_by_package_and_by_file():
+    env = get_env(PACKAGE_TASK + "?count=12")
+    assert env.name == "arith" and env.categories == ("add", "multiply")
+    assert env.system.startswith("You are a careful calculator.")  # its system_message
+    records = env.write_prompts(8, seed=3)
+    assert len(records) == 8 and records == env.write_prompts(8, seed=3)
+    assert records != env.write_prompts(8, seed=4)
+    assert len(env.write_prompts(1000)) == 12
+    record = records[0]
+    assert re.fullmatch(r"q\d{3}", record["scenario_id"])  # the sample's id
+    assert record["fields"]["metadata"]["category"] == record["category"]
+    assert env.messages_for(record["prompt"]) == [
+        {"role": "system", "content": env.system}, {"role": "user", "content": record["prompt"]}]
+    assert env.case_for(record["prompt"]) == record["case"]
+    # the same task from its file (no install needed)
+    by_file = get_env(FILE_TASK + "?count=12")
+    assert by_file.write_prompts(8, seed=3) == records
+
+
+def test_the_reward_is_the_first_scorer_and_every_scorer_is_a_marker():
+    env = get_env(PACKAGE_TASK + "?count=4")
+    case = env.write_prompts(1)[0]["case"]
+    right = case["target"][0]
+    assert env.score(right, case) == 1.0
+    assert env.markers(right, case) == {"match": 1.0, "concise": 1.0}
+    assert env.score("-1", case) == 0.0
+    long_right = "Well. " * 20 + right
+    assert env.score(long_right, case) == 1.0
+    assert env.markers(long_right, case) == {"match": 1.0, "concise": 0.0}
+    # inspect's own Score objects for the same reply
+    scores = env.scores_of(right, case)
+    assert scores["match"].value == "C" and scores["concise"].value == "C"
+
+
+def test_solvers_shape_the_prompt_and_dict_scores_become_markers():
+    env = get_env(CASES + "templated")
+    record = env.write_prompts(1)[0]
+    assert "Before answering, reason in a step-by-step manner" in record["prompt"]
+    assert env.system == "Answer briefly." and env.categories == ("even", "odd")
+    env = get_env(CASES + "dict_valued")
+    case = env.write_prompts(1)[0]["case"]
+    reply = f"It is {case['target'][0]}, surely, beyond doubt"
+    assert env.markers(reply, case) == {"parts": 0.5, "parts/answer": 1.0, "parts/short": 0.0}
+    assert env.score(reply, case) == 0.5
+
+
+def test_posttrain_records_the_score_inspect_computes(tmp_path, capsys):
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.model import ModelOutput, ModelUsage
+    from inspect_arith import arith
+
+    def scripted(input, tools, tool_choice, config):
+        output = ModelOutput.from_content(model="mockllm", content=answer(input[-1].text))
+        # usage given, so inspect does not count tokens with tiktoken (a download)
+        output.usage = ModelUsage(input_tokens=10, output_tokens=5, total_tokens=15)
+        return output
+
+    log = inspect_eval(arith(count=24), model="mockllm/model", display="none",
+                       model_args={"custom_outputs": scripted}, log_dir=str(tmp_path / "logs"))[0]
+    library = {str(sample.id): {name: score.value for name, score in sample.scores.items()}
+               for sample in log.samples}
+    assert len(library) == 24
+    with serving(Calculator) as url:
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", PACKAGE_TASK + "?count=24", "--endpoint", url,
+                     "--endpoint-model", "scripted", "--split", "all", "--samples", "1",
+                     "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 24
+    to_float = {"C": 1.0, "I": 0.0}
+    for row in rows:  # sample by sample: the same verdicts, scorer by scorer
+        assert row["score"] == to_float[library[row["scenario_id"]]["match"]]
+        assert row["markers"] == {name: to_float[value]
+                                  for name, value in library[row["scenario_id"]].items()}
+    assert {row["markers"]["concise"] for row in rows} == {0.0, 1.0}
+    assert re.search(r"add\s+\d+\s+\d+\s+1\.00", printed)
+    assert re.search(r"multiply\s+\d+\s+\d+\s+0\.00", printed)
+
+
+def test_env_arg_reaches_the_task_function(tmp_path, capsys):
+    with serving(Calculator) as url:
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", "inspect:inspect_arith/arith", "--env-arg", "count=10",
+                     "--env-arg", 'ops=["*"]', "--endpoint", url, "--endpoint-model",
+                     "scripted", "--split", "all", "--samples", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 10 and {row["category"] for row in rows} == {"multiply"}
+
+
+def test_a_prompts_file_must_carry_the_samples_fields(tmp_path, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 2 plus 2?", "target": "4"}) + "\n")
+    assert main(["eval", "--env", PACKAGE_TASK, "--prompts-file", str(path),
+                 "--base-model", "starter-2m"]) == 2
+    error = capsys.readouterr().err
+    assert "prompts.jsonl:1: field 'target'" in error and "expected array" in error
+
+
+@pytest.mark.parametrize("name, says", [
+    ("sandboxed", "runs in a sandbox"),
+    ("file_samples", "sample 1 needs a sandbox"),
+    ("graded", "its scorer model_graded_qa asks a model to grade the reply"),
+    ("custom_graded", "its scorer asks_a_model failed on a reply: ValueError: No model"),
+    ("tooled", "its solver use_tools is not supported: the task gives the model tools"),
+    ("choices", "its solver multiple_choice is not supported"),
+    ("unscored", "it has no scorer"),
+    ("per_sample_system", "differ in the messages before the user's"),
+])
+def test_what_cannot_be_mapped_is_refused_with_the_reason(name, says, capsys):
+    assert main(["eval", "--env", CASES + name, "--base-model", "starter-2m"]) == 2
+    error = capsys.readouterr().err
+    assert says in error and f"@{name}" in error and "Traceback" not in error
+
+
+def test_unknown_tasks_files_and_bad_arguments_say_so(capsys):
+    for spec, says in [
+        ("inspect:no_such_pkg/task", "no inspect task by that name"),
+        (CASES.removesuffix("@"), "the file defines 10 tasks"),
+        ("inspect:no/such/file.py@task", "FileNotFoundError"),
+        (PACKAGE_TASK + "?ops=%5B%22%2F%22%5D", "unknown operation"),
+        ("inspect:", "name the inspect environment"),
+    ]:
+        assert main(["eval", "--env", spec, "--base-model", "starter-2m"]) == 2, spec
+        assert says in capsys.readouterr().err, spec
+
+
+def test_without_the_library_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "inspect_ai", None)  # an import of it now fails
+    with pytest.raises(PosttrainError, match=r"pip install 'posttrain\[ecosystem\]'"):
+        get_env(PACKAGE_TASK)
+
+
+@pytest.mark.slow
+def test_a_short_grpo_run_trains_on_the_tasks_scorer(tmp_path, starter_2m_folder):
+    pytest.importorskip("trl")
+    assert main(["grpo", "--env", PACKAGE_TASK + "?count=40", "--base-model", "starter-2m",
+                 "--steps", "2", "--num-generations", "4", "--eval-samples", "2",
+                 "--runs-dir", str(tmp_path)]) == 0
+    folder = tmp_path / "arith-grpo-v1"  # the run is named after the environment
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "done"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["settings"]["env"] == PACKAGE_TASK + "?count=40"
+    env = get_env(config["settings"]["env"])
+    rows = [json.loads(line) for line in (folder / "holdout_after.jsonl").open()]
+    assert rows
+    for row in rows:  # what the run recorded is the scorers' verdict on that reply
+        assert row["score"] == env.score(row["reply"], row["case"])
+        assert row["markers"] == env.markers(row["reply"], row["case"])
