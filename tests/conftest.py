@@ -9,6 +9,9 @@ sessions (the starter cache is keyed by recipe, so a stale build is never used).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +54,18 @@ def starter_2m(starter_2m_folder: Path):
     from posttrain.policy.loading import load_policy
 
     return load_policy("starter-2m", show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def inspect_example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/inspect_arith installed (no dependencies, no index) into a site-packages
+    folder of the session's own, so inspect finds its task through the ``inspect_ai``
+    entry point as after ``pip install``; put the folder on ``sys.path`` to use it."""
+    folder = tmp_path_factory.mktemp("inspect-example")
+    site, source = folder / "site-packages", folder / "inspect_arith"
+    # a copy: pip builds in the source folder, which must stay clean in the checkout
+    shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / "inspect_arith", source)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--no-index", "--disable-pip-version-check",
+                    "--target", str(site), str(source)], check=True, capture_output=True)
+    return site

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,21 +32,9 @@ FILE_TASK = "inspect:" + str(ROOT / "examples" / "inspect_arith" / "inspect_arit
 CASES = "inspect:" + str(ROOT / "tests" / "ecosystem_envs" / "inspect_cases.py") + "@"
 
 
-@pytest.fixture(scope="session")
-def installed_example(tmp_path_factory) -> Path:
-    """examples/inspect_arith installed (no dependencies, no index) into a site-packages
-    folder of the session's own."""
-    site = tmp_path_factory.mktemp("inspect-example") / "site-packages"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--disable-pip-version-check",
-                    "--target", str(site), str(ROOT / "examples" / "inspect_arith")],
-                   check=True, capture_output=True)
-    return site
-
-
 @pytest.fixture(autouse=True)
-def example_on_path(installed_example, monkeypatch):
-    monkeypatch.syspath_prepend(str(installed_example))
+def example_on_path(inspect_example_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(inspect_example_site))
 
 
 def answer(question: str) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from itertools import count
 from pathlib import Path
 
@@ -26,17 +24,9 @@ from posttrain.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def inspect_example(tmp_path_factory):
-    """examples/inspect_arith, installed into a site-packages folder of the module's own."""
-    site = tmp_path_factory.mktemp("inspect-example") / "site-packages"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--disable-pip-version-check",
-                    "--target", str(site), str(ROOT / "examples" / "inspect_arith")],
-                   check=True, capture_output=True)
-    sys.path.insert(0, str(site))
-    yield site
-    sys.path.remove(str(site))
+@pytest.fixture
+def inspect_example(inspect_example_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(inspect_example_site))
 
 
 def inspect_log(folder: Path, *, count_: int, epochs: int, wrong_every: int,
