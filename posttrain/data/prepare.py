@@ -161,6 +161,9 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
         writer = require_hook(env, PromptWriter, "writes no prompts", "give --prompts-file")
         records = writer.write_prompts(config.prompts, seed=config.seed)
         source = f"template simulator, {config.prompts} situations, seed {config.seed}"
+        if len(records) < config.prompts:  # a writer over a fixed dataset (verifiers, inspect)
+            source = (f"the environment's {len(records)} prompts ({config.prompts} asked), "
+                      f"seed {config.seed}")
     if named is not None:
         return _with_named_holdout(config, records, source, named)
     stratify = bool(config.prompts_file) if config.stratify is None else config.stratify
