@@ -6,7 +6,7 @@ gets the sums right and one product in four wrong; each draws its mistakes at ra
 the three epochs of a log differ the way repeated samples of one model do. inspect
 computes the scores; posttrain only reads the logs.
 
-    python examples/inspect_arith/scripted_logs.py logs/    # writes logs/before.eval, logs/after.eval
+    python examples/inspect_arith/scripted_logs.py logs/    # logs/before.eval, logs/after.eval
     posttrain eval --compare logs/before.eval logs/after.eval
 """
 
@@ -22,7 +22,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.model import ModelOutput, ModelUsage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from inspect_arith import arith  # noqa: E402  (the task next to this file)
+from inspect_arith import arith  # the task next to this file
 
 # the share of questions each checkpoint gets wrong, by operation
 CHECKPOINTS = {"before": {"plus": 0.5, "times": 1.0}, "after": {"plus": 0.0, "times": 0.25}}
@@ -54,8 +54,9 @@ def main(folder: str) -> None:
                            log_dir=str(out / f".{name}"))[0]
         shutil.move(log.location, out / f"{name}.eval")
         shutil.rmtree(out / f".{name}")
-        print(f"{out / f'{name}.eval'}: {log.status}, "
-              f"{', '.join(f'{m.name} {m.value:.2f}' for s in log.results.scores for m in s.metrics.values())}")
+        metrics = [f"{score.name} {metric.name} {metric.value:.2f}"
+                   for score in log.results.scores for metric in score.metrics.values()]
+        print(f"{out / f'{name}.eval'}: {log.status}, {', '.join(metrics)}")
 
 
 if __name__ == "__main__":

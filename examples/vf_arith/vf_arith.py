@@ -7,8 +7,10 @@ the right format scores 1.2 and a wrong one in the right format 0.2. ``info["cat
 names the operation, so posttrain reports the two kinds of question apart (verifiers
 0.3.1 reads a ``task`` column and ``info["task"]`` as a JSON payload, not as a label).
 
-``load_environment(count=60, seed=0, ops=["+", "*"])``; posttrain passes these with
-``--env-arg count=100`` and so on.
+``load_environment(count=60, seed=0, ops=["+", "*"], tools=False)``; posttrain passes
+these with ``--env-arg count=100`` and so on. ``tools=true`` makes it a ``ToolEnv`` with two
+calculator tools, ``add`` and ``multiply`` (plain Python functions): the same questions and
+rubric, played as multi-turn episodes (call a tool, read its result, answer).
 """
 
 from __future__ import annotations
@@ -40,8 +42,35 @@ def questions(count: int, seed: int, ops: list[str]) -> list[dict]:
     return rows
 
 
+def add(a: int, b: int) -> int:
+    """Add two whole numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return int(a) + int(b)
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two whole numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return int(a) * int(b)
+
+
+TOOL_PROMPT = (
+    "You are a careful calculator with two tools, add and multiply. Call the one the "
+    "question needs, then give only its result inside <answer></answer> tags, "
+    "e.g. <answer>42</answer>."
+)
+
+
 def load_environment(count: int = 60, seed: int = 0, ops: list[str] | None = None,
-                     **kwargs) -> vf.Environment:
+                     tools: bool = False, **kwargs) -> vf.Environment:
     ops = list(ops or OPERATIONS)
     unknown = [op for op in ops if op not in OPERATIONS]
     if unknown:
@@ -54,6 +83,9 @@ def load_environment(count: int = 60, seed: int = 0, ops: list[str] | None = Non
 
     rubric = vf.Rubric(funcs=[correct_answer, parser.get_format_reward_func()],
                        weights=[1.0, 0.2], parser=parser)
-    return vf.SingleTurnEnv(dataset=Dataset.from_list(questions(count, seed, ops)),
-                            system_prompt=SYSTEM_PROMPT, parser=parser, rubric=rubric,
-                            **kwargs)
+    dataset = Dataset.from_list(questions(count, seed, ops))
+    if tools:
+        return vf.ToolEnv(dataset=dataset, system_prompt=TOOL_PROMPT, parser=parser,
+                          rubric=rubric, tools=[add, multiply], max_turns=4, **kwargs)
+    return vf.SingleTurnEnv(dataset=dataset, system_prompt=SYSTEM_PROMPT, parser=parser,
+                            rubric=rubric, **kwargs)

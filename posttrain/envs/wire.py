@@ -22,6 +22,15 @@ import re
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
+#: the system prompt's instruction for the format (the refund rules' and the ecosystem
+#: tool environments' prompts end with it)
+WIRE_FORMAT = (
+    "To call a tool, reply with exactly one block:\n"
+    "<tool_call>\n"
+    '{"name": "<tool name>", "arguments": {...}}\n'
+    "</tool_call>\n"
+    "Otherwise reply in plain text."
+)
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 #: what separates the policy's turns in an episode's ``reply``: the chat end-of-turn
 #: text, which a sampled turn never holds (a special token, stripped from the text)

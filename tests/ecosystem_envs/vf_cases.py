@@ -1,4 +1,5 @@
-"""verifiers environments posttrain must refuse, one per ``kind`` (load_environment(kind=)).
+"""verifiers environments posttrain must refuse, one per ``kind`` (load_environment(kind=)),
+and one it plays (``plain``).
 
 Loaded by tests/test_ecosystem_verifiers.py as ``--env verifiers:vf-cases?kind=...``.
 """
@@ -30,6 +31,13 @@ class EchoEnv(vf.MultiTurnEnv):
         return [{"role": "user", "content": "Are you sure?"}]
 
 
+class CheckedToolEnv(vf.ToolEnv):
+    """A ToolEnv whose env_response is its own code (it checks the calls first)."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return await super().env_response(messages, state, **kwargs)
+
+
 class CounterEnv(vf.StatefulToolEnv):
     def update_tool_args(self, tool_name, tool_args, messages, state, **kwargs):
         return tool_args
@@ -50,6 +58,8 @@ def load_environment(kind: str = "plain", **kwargs) -> vf.Environment:
         return EchoEnv(dataset=data, rubric=vf.Rubric(funcs=[exact]), max_turns=3)
     if kind == "stateful":
         return CounterEnv(dataset=data, tools=[add], rubric=vf.Rubric(funcs=[exact]))
+    if kind == "toolsub":
+        return CheckedToolEnv(dataset=data, tools=[add], rubric=vf.Rubric(funcs=[exact]))
     if kind == "history":
         rows = [{"prompt": [{"role": "user", "content": "Hi"},
                             {"role": "assistant", "content": "Hello"},

@@ -4,7 +4,7 @@
 ``ecosystem_env(name)`` builds one from its spec (``spec``: ``LIBRARY:TARGET?ARGS``), or
 returns None when ``name`` names no library. The libraries are optional (the
 ``ecosystem`` extra) and imported only when such an environment is asked for (inside
-``VerifiersEnv`` and ``InspectEnv``, never at import time).
+the adapters, never at import time).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from posttrain.envs.ecosystem.inspect_env import InspectEnv
 from posttrain.envs.ecosystem.spec import parse_env_spec, with_env_args
-from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv
+from posttrain.envs.ecosystem.verifiers_tools import verifiers_environment
 from posttrain.errors import PosttrainError
 
 
@@ -24,7 +24,7 @@ def ecosystem_env(name: str) -> Any | None:
     if spec is None:
         return None
     if spec.library == "verifiers":
-        return VerifiersEnv(spec.target, spec.args)
+        return verifiers_environment(spec.target, spec.args)
     if spec.library == "inspect":
         return InspectEnv(spec.target, spec.args)
     raise PosttrainError(f"--env {name!r}: {spec.library} environments are not supported yet")

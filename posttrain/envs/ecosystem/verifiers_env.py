@@ -73,6 +73,20 @@ def _verifiers() -> Any:
     return verifiers
 
 
+def load_verifiers(env_id: str, args: dict[str, Any]) -> Any:
+    """The verifiers environment ``env_id`` loads with ``args``, or a PosttrainError saying
+    why it cannot load or cannot be a posttrain environment (``refusal``)."""
+    vf = _verifiers()
+    try:
+        vf_env = vf.load_environment(env_id, **args)
+    except (ValueError, RuntimeError, TypeError) as error:
+        raise PosttrainError(f"--env verifiers:{env_id}: {error}") from None
+    why = refusal(vf_env, env_id)
+    if why:
+        raise PosttrainError(why)
+    return vf_env
+
+
 def refusal(vf_env: Any, env_id: str) -> str | None:
     """Why ``vf_env`` cannot be a posttrain environment, or None when it can."""
     vf = _verifiers()
@@ -83,12 +97,18 @@ def refusal(vf_env: Any, env_id: str) -> str | None:
     for class_name, why in _REFUSED_CLASSES:
         if class_name in ancestry:
             return f"{where}: not supported: {why}"
-    if isinstance(vf_env, vf.ToolEnv) or getattr(vf_env, "tool_defs", None):
-        return (f"{where}: tool environments are not mapped yet; posttrain plays "
-                "single-turn verifiers environments (SingleTurnEnv)")
-    if not isinstance(vf_env, vf.SingleTurnEnv):
+    if isinstance(vf_env, vf.ToolEnv):
+        if type(vf_env).env_response is not vf.ToolEnv.env_response:
+            return (f"{where}: its env_response is its own code (a ToolEnv subclass), which "
+                    "posttrain's replay of the tool calls cannot rebuild")
+        if any(not callable(tool) for tool in vf_env.tool_map.values()):
+            return f"{where}: a tool that is not a plain Python function"
+    elif getattr(vf_env, "tool_defs", None):
+        return (f"{where}: it declares tools without being a ToolEnv, so posttrain does "
+                "not know how they run")
+    elif not isinstance(vf_env, vf.SingleTurnEnv):
         return (f"{where}: a multi-turn environment whose env_response is its own code "
-                "cannot be replayed from a reply; posttrain plays SingleTurnEnv")
+                "cannot be replayed from a reply; posttrain plays SingleTurnEnv and ToolEnv")
     for rubric in _rubrics(vf_env.rubric):
         if isinstance(rubric, vf.JudgeRubric):
             return (f"{where}: its rubric {type(rubric).__name__} asks a judge model for the "
@@ -127,17 +147,11 @@ class VerifiersEnv:
     """A classic-API verifiers environment behind posttrain's ``Env`` contract (see the
     module docstring). Built by ``get_env("verifiers:ENV_ID?...")``."""
 
-    def __init__(self, env_id: str, args: dict[str, Any] | None = None) -> None:
-        vf = _verifiers()
+    def __init__(self, env_id: str, args: dict[str, Any] | None = None,
+                 vf_env: Any | None = None) -> None:
         self.env_id = env_id
         self.args = dict(args or {})
-        try:
-            self.vf_env = vf.load_environment(env_id, **self.args)
-        except (ValueError, RuntimeError, TypeError) as error:
-            raise PosttrainError(f"--env verifiers:{env_id}: {error}") from None
-        why = refusal(self.vf_env, env_id)
-        if why:
-            raise PosttrainError(why)
+        self.vf_env = vf_env if vf_env is not None else load_verifiers(env_id, self.args)
         self.name = env_id
         self.tools: list[dict[str, Any]] = []
         rows = [dict(row) for row in self.vf_env.get_dataset()]

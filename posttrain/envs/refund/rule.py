@@ -44,7 +44,7 @@ import json
 import re
 from typing import Any
 
-from posttrain.envs.wire import parse_tool_call
+from posttrain.envs.wire import WIRE_FORMAT, parse_tool_call
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -84,14 +84,6 @@ POLICY = (
     "If the customer gives no order id, ask for it and call no tool. "
     "Never invent an order id. "
     "If the request is not about an order or a refund, say so briefly."
-)
-
-WIRE_FORMAT = (
-    "To call a tool, reply with exactly one block:\n"
-    "<tool_call>\n"
-    '{"name": "<tool name>", "arguments": {...}}\n'
-    "</tool_call>\n"
-    "Otherwise reply in plain text."
 )
 
 SYSTEM = (

@@ -1,0 +1,209 @@
+"""A verifiers ``ToolEnv`` as a posttrain multi-turn environment.
+
+verifiers' ``ToolEnv`` gives the model plain Python functions as tools: each assistant
+turn with tool calls gets the functions' results back as tool messages, and a turn without
+calls ends the rollout (or ``max_turns``). posttrain plays the same episode
+(``posttrain.envs.base``, "multi-turn"):
+
+- the policy sees the environment's system prompt, the tools (one JSON schema a line, as
+  verifiers derives them) and posttrain's ``<tool_call>`` wire format; an endpoint gets the
+  tools as OpenAI tools instead;
+- the desk (``ToolDesk``) runs a call on the environment's own ``tool_map`` function and
+  formats a failure with the environment's ``error_formatter``, as ``ToolEnv.env_response``
+  does;
+- the reward replays the policy's turns on a fresh desk (never trusting a result written in
+  the text), rebuilds the completion verifiers would hold (assistant turns with
+  ``tool_calls``, tool messages) and runs the environment's rubric on it (its
+  ``ToolMonitorRubric`` counts included), clipped to [0, 1];
+- TRL's GRPO plays the same desk through ``trl_environment()``: a class made for the
+  environment whose methods are its tools, with their signatures and docstrings.
+
+``verifiers_environment(env_id, args)`` loads either kind (``VerifiersEnv`` or
+``VerifiersToolEnv``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.envs.base import Case, Messages
+from posttrain.envs.ecosystem.bridge import run_sync
+from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, _verifiers, load_verifiers
+from posttrain.envs.wire import TOOL_CALL_OPEN, WIRE_FORMAT, parse_tool_calls, split_turns
+
+
+def verifiers_environment(env_id: str, args: dict[str, Any] | None = None) -> VerifiersEnv:
+    """The posttrain environment of verifiers environment ``env_id``: a ``ToolEnv`` plays
+    episodes (``VerifiersToolEnv``), a ``SingleTurnEnv`` single replies."""
+    vf = _verifiers()
+    vf_env = load_verifiers(env_id, dict(args or {}))
+    if isinstance(vf_env, vf.ToolEnv):
+        return VerifiersToolEnv(env_id, args, vf_env)
+    return VerifiersEnv(env_id, args, vf_env)
+
+
+@dataclass
+class ToolDesk:
+    """One episode's tools: the environment's functions, called as ``ToolEnv`` calls them."""
+
+    tool_map: dict[str, Any]
+    error_formatter: Any
+    done: bool = False
+    calls: list[tuple[str, dict[str, Any], str, bool]] = field(default_factory=list)
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """The tool's result as text; an unknown tool or a raised error is text too."""
+        function = self.tool_map.get(name)
+        try:
+            if function is None:
+                raise KeyError(name)  # what ToolEnv.call_tool raises for an unknown tool
+            result = function(**arguments)
+            if inspect.isawaitable(result):
+                result = run_sync(result)
+            text, ok = str(result), True
+        except Exception as error:  # a tool's own failure goes back to the policy
+            text, ok = str(self.error_formatter(error)), False
+        self.calls.append((name, dict(arguments), text, ok))
+        return text
+
+
+def _turn_text(turn: str) -> str:
+    """A turn's prose without its ``<tool_call>`` blocks (the calls travel as tool_calls)."""
+    head = turn.split(TOOL_CALL_OPEN, 1)[0]
+    return head.strip()
+
+
+class VerifiersToolEnv(VerifiersEnv):
+    """A verifiers ``ToolEnv`` behind posttrain's multi-turn contract (module docstring)."""
+
+    multi_turn = True
+
+    def __init__(self, env_id: str, args: dict[str, Any] | None, vf_env: Any) -> None:
+        super().__init__(env_id, args, vf_env)
+        self.max_turns = int(vf_env.max_turns) if vf_env.max_turns and vf_env.max_turns > 0 \
+            else 10
+        self.tools = [{"type": "function",
+                       "function": tool.model_dump(include={"name", "description",
+                                                            "parameters"})}
+                      for tool in vf_env.tool_defs or []]
+        listed = "\n".join(json.dumps(tool["function"], separators=(",", ":"))
+                           for tool in self.tools)
+        self._vf_system = self.system
+        self.system = (f"{self.system}\n\n" if self.system else "") + \
+            f"Tools:\n{listed}\n\n{WIRE_FORMAT}"
+
+    def messages_for(self, prompt: str) -> Messages:
+        messages = super().messages_for(prompt)
+        system = [m for m in messages if m["role"] == "system"]
+        if system:
+            system[0]["content"] = self.system
+            return messages
+        return [{"role": "system", "content": self.system}, *messages]
+
+    def new_desk(self, case: Case) -> ToolDesk:
+        """A fresh episode: the environment's tools, nothing called yet."""
+        return ToolDesk(dict(self.vf_env.tool_map), self.vf_env.error_formatter)
+
+    # -- the reward: replay, then the rubric -------------------------------------------
+
+    def replay(self, reply: str, case: Case) -> tuple[list[Any], dict[str, Any]]:
+        """The completion verifiers would hold for the policy's turns (tool calls run on a
+        fresh desk), and the episode's counts."""
+        vf = _verifiers()
+        desk = self.new_desk(case)
+        completion: list[Any] = []
+        summary: dict[str, Any] = {"turns": 0, "tool_calls": 0, "failed_calls": 0,
+                                   "ended": "turn_limit"}
+        for index, turn in enumerate(split_turns(reply)[: self.max_turns]):
+            summary["turns"] += 1
+            calls = parse_tool_calls(turn)
+            if not calls:  # prose, or a broken block: the episode's last turn
+                completion.append(vf.AssistantMessage(content=turn))
+                summary["ended"] = "reply"
+                break
+            tool_calls = [vf.ToolCall(id=f"call_{index}_{number}", name=call["name"],
+                                      arguments=json.dumps(call["arguments"]))
+                          for number, call in enumerate(calls)]
+            completion.append(vf.AssistantMessage(content=_turn_text(turn) or None,
+                                                  tool_calls=tool_calls))
+            for tool_call, call in zip(tool_calls, calls, strict=True):
+                result = desk.call(call["name"], call["arguments"])
+                completion.append(vf.ToolMessage(content=result, tool_call_id=tool_call.id))
+        summary["tool_calls"] = len(desk.calls)
+        summary["failed_calls"] = sum(not ok for *_, ok in desk.calls)
+        return completion, summary
+
+    def rubric_state(self, reply: str, case: Case) -> Any:
+        """The state verifiers' rubric scores: the prompt, the row's columns and the
+        replayed episode as the completion, after the rubric ran."""
+        vf = _verifiers()
+        from verifiers.utils.message_utils import normalize_messages
+
+        prompt = normalize_messages(self._vf_messages(case["prompt"]))
+        completion, _ = self.replay(reply, case)
+        state = vf.State(input={"prompt": prompt, "example_id": 0,
+                                **{name: case[name] for name in self.record_fields
+                                   if name in case}})
+        state["completion"] = completion
+        assistant_turns = [m for m in completion if m.role == "assistant"]
+        state["trajectory"] = [{"prompt": prompt, "completion": [turn], "response": None,
+                                "tokens": None, "reward": None, "advantage": None,
+                                "is_truncated": False, "trajectory_id": "posttrain",
+                                "extras": {}} for turn in assistant_turns]
+        run_sync(self.vf_env.rubric.score_rollout(state))
+        return state
+
+    def _vf_messages(self, prompt: str) -> Messages:
+        """The prompt as verifiers holds it (its own system prompt; the tools go apart)."""
+        return VerifiersEnv.messages_for(self, prompt)
+
+    def episode_summary(self, reply: str, case: Case) -> dict[str, Any]:
+        """Turns, tool calls, failed calls and how the episode ended."""
+        return self.replay(reply, case)[1]
+
+    def trl_environment(self) -> type:
+        """The class TRL's ``environment_factory`` instantiates (one per rollout): each of
+        the environment's tools is a method with the tool's signature and docstring."""
+        return tool_desk_class(self.env_id, self.vf_env.tool_map, self.vf_env.error_formatter)
+
+
+def tool_desk_class(env_id: str, tool_map: dict[str, Any], error_formatter: Any) -> type:
+    """A TRL environment class for ``tool_map``: ``reset(**row)`` starts an episode, and a
+    method per tool (TRL reads each one's schema from its signature and docstring)."""
+
+    def __init__(self: Any) -> None:
+        self.desk = ToolDesk(dict(tool_map), error_formatter)
+
+    def reset(self: Any, **row: Any) -> None:
+        self.desk = ToolDesk(dict(tool_map), error_formatter)
+
+    namespace: dict[str, Any] = {"__init__": __init__, "reset": reset,
+                                 "__doc__": f"The tools of verifiers environment {env_id!r}."}
+    for name, function in tool_map.items():
+        namespace[name] = _tool_method(name, function)
+    return type("VerifiersToolDesk", (), namespace)
+
+
+def _tool_method(name: str, function: Any) -> Any:
+    """A method that runs tool ``name`` on the instance's desk, with the function's own
+    signature (``self`` first), type hints and docstring."""
+    signature = inspect.signature(function)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> str:
+        bound = signature.bind(*args, **kwargs)
+        return str(self.desk.call(name, dict(bound.arguments)))
+
+    hints = typing.get_type_hints(function)
+    hints["return"] = str
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = function.__doc__
+    method.__annotations__ = hints
+    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    # inspect.signature reads __signature__ (a function has no such declared attribute)
+    vars(method)["__signature__"] = signature.replace(
+        parameters=[self_parameter, *signature.parameters.values()], return_annotation=str)
+    return method
