@@ -187,6 +187,58 @@ def test_a_tool_environment_plays_episodes_scored_as_verifiers_scores_them(tmp_p
     assert desk.add(a="x", b=1) == "invalid literal for int() with base 10: 'x'"
 
 
+def test_a_v1_taskset_is_an_environment_scored_by_its_tasks(tmp_path, capsys):
+    import verifiers.v1 as v1
+
+    env = get_env("verifiers:vf-arith-v1?count=24")
+    assert type(env).__name__ == "VerifiersTasksetEnv"
+    assert env.categories == ("add", "multiply") and env.record_fields == {"task_data": "object"}
+    assert "<answer></answer>" in env.system
+    records = env.write_prompts(30, seed=2)
+    assert len(records) == 24 and env.case_for(records[0]["prompt"]) == records[0]["case"]
+    with serving(Calculator) as url:
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", "verifiers:vf-arith-v1", "--env-arg", "count=24",
+                     "--endpoint", url, "--endpoint-model", "scripted", "--split", "all",
+                     "--samples", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 24
+    from vf_arith_v1 import ArithData, ArithTask
+
+    for row in rows:  # the task's own score of a trace of that reply, built here
+        data = ArithData.model_validate(row["case"]["task_data"])
+        trace = v1.Trace(task=v1.TraceTask(type="ArithTask", data=data),
+                         agent=v1.AgentInfo(config=v1.AgentConfig()),
+                         nodes=[v1.MessageNode(message=v1.UserMessage(content=row["prompt"])),
+                                v1.MessageNode(parent=0, sampled=True, message=v1.AssistantMessage(
+                                    content=row["reply"]))])
+        run_sync(ArithTask(data).score(trace))
+        assert row["score"] == trace.reward and row["markers"] == {"correct": trace.reward}
+    by_category = {row["category"]: [] for row in rows}
+    for row in rows:
+        by_category[row["category"]].append(row["score"])
+    assert set(by_category["add"]) == {1.0} and set(by_category["multiply"]) == {0.0}
+    assert main(["eval", "--env", "verifiers:vf-arith-v1?count=%22many%22",
+                 "--base-model", "starter-2m"]) == 2
+    assert "the taskset's arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("container", "its tasks run in a container"),
+    ("runtime", "tests_pass need(s) a runtime (a sandbox)"),
+    ("tools", "its tools are MCP servers (toolsets)"),
+    ("judged", "a judge scores its tasks"),
+    ("unscored", "its tasks have no reward function"),
+    ("messages", "a task's prompt is a list of messages"),
+    ("systems", "differ in the messages before the user's"),
+])
+def test_what_a_v1_taskset_cannot_map_is_refused(kind, says, capsys):
+    assert main(["eval", "--env", f"verifiers:vf-v1-cases?kind={kind}",
+                 "--base-model", "starter-2m"]) == 2
+    error = capsys.readouterr().err
+    assert says in error and "vf-v1-cases" in error and "Traceback" not in error
+
+
 def test_env_arg_reaches_load_environment(tmp_path, capsys):
     with serving(Calculator) as url:
         out = tmp_path / "rows.jsonl"

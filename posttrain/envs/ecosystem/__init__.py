@@ -13,8 +13,24 @@ from typing import Any
 
 from posttrain.envs.ecosystem.inspect_env import InspectEnv
 from posttrain.envs.ecosystem.spec import parse_env_spec, with_env_args
-from posttrain.envs.ecosystem.verifiers_tools import verifiers_environment
+from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers, load_verifiers
+from posttrain.envs.ecosystem.verifiers_tools import VerifiersToolEnv
+from posttrain.envs.ecosystem.verifiers_v1 import VerifiersTasksetEnv, is_v1_taskset
 from posttrain.errors import PosttrainError
+
+
+def verifiers_environment(env_id: str, args: dict[str, Any] | None = None) -> Any:
+    """The posttrain environment of verifiers environment ``env_id``: a v1 taskset
+    (``VerifiersTasksetEnv``), else the classic environment ``load_environment`` returns:
+    a ``ToolEnv`` plays episodes (``VerifiersToolEnv``), a ``SingleTurnEnv`` single
+    replies (``VerifiersEnv``)."""
+    vf = import_verifiers()
+    if is_v1_taskset(env_id):
+        return VerifiersTasksetEnv(env_id, args)
+    vf_env = load_verifiers(env_id, dict(args or {}))
+    if isinstance(vf_env, vf.ToolEnv):
+        return VerifiersToolEnv(env_id, args, vf_env)
+    return VerifiersEnv(env_id, args, vf_env)
 
 
 def ecosystem_env(name: str) -> Any | None:
@@ -30,4 +46,4 @@ def ecosystem_env(name: str) -> Any | None:
     raise PosttrainError(f"--env {name!r}: {spec.library} environments are not supported yet")
 
 
-__all__ = ["ecosystem_env", "parse_env_spec", "with_env_args"]
+__all__ = ["ecosystem_env", "parse_env_spec", "verifiers_environment", "with_env_args"]

@@ -62,7 +62,7 @@ _REFUSED_CLASSES = (
 )
 
 
-def _verifiers() -> Any:
+def import_verifiers() -> Any:
     try:
         import verifiers
     except ImportError:
@@ -76,7 +76,7 @@ def _verifiers() -> Any:
 def load_verifiers(env_id: str, args: dict[str, Any]) -> Any:
     """The verifiers environment ``env_id`` loads with ``args``, or a PosttrainError saying
     why it cannot load or cannot be a posttrain environment (``refusal``)."""
-    vf = _verifiers()
+    vf = import_verifiers()
     try:
         vf_env = vf.load_environment(env_id, **args)
     except (ValueError, RuntimeError, TypeError) as error:
@@ -89,7 +89,7 @@ def load_verifiers(env_id: str, args: dict[str, Any]) -> Any:
 
 def refusal(vf_env: Any, env_id: str) -> str | None:
     """Why ``vf_env`` cannot be a posttrain environment, or None when it can."""
-    vf = _verifiers()
+    vf = import_verifiers()
     where = f"verifiers environment {env_id!r} ({type(vf_env).__name__})"
     # by name along the class's ancestry: verifiers imports its integrations' classes
     # lazily, and asking for one whose extra is missing raises ImportError
@@ -238,7 +238,7 @@ class VerifiersEnv:
     def rubric_state(self, reply: str, case: Case) -> Any:
         """The state verifiers' rubric scores: the prompt, the row's columns and the reply
         as the completion, after the rubric ran (``state["reward"]``, ``["metrics"]``)."""
-        vf = _verifiers()
+        vf = import_verifiers()
         from verifiers.utils.message_utils import normalize_messages
 
         row_input: dict[str, Any] = {

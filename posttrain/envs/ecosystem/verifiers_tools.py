@@ -18,8 +18,7 @@ calls ends the rollout (or ``max_turns``). posttrain plays the same episode
 - TRL's GRPO plays the same desk through ``trl_environment()``: a class made for the
   environment whose methods are its tools, with their signatures and docstrings.
 
-``verifiers_environment(env_id, args)`` loads either kind (``VerifiersEnv`` or
-``VerifiersToolEnv``).
+``posttrain.envs.ecosystem.verifiers_environment`` picks this class for a ``ToolEnv``.
 """
 
 from __future__ import annotations
@@ -32,18 +31,8 @@ from typing import Any
 
 from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
-from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, _verifiers, load_verifiers
+from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers
 from posttrain.envs.wire import TOOL_CALL_OPEN, WIRE_FORMAT, parse_tool_calls, split_turns
-
-
-def verifiers_environment(env_id: str, args: dict[str, Any] | None = None) -> VerifiersEnv:
-    """The posttrain environment of verifiers environment ``env_id``: a ``ToolEnv`` plays
-    episodes (``VerifiersToolEnv``), a ``SingleTurnEnv`` single replies."""
-    vf = _verifiers()
-    vf_env = load_verifiers(env_id, dict(args or {}))
-    if isinstance(vf_env, vf.ToolEnv):
-        return VerifiersToolEnv(env_id, args, vf_env)
-    return VerifiersEnv(env_id, args, vf_env)
 
 
 @dataclass
@@ -113,7 +102,7 @@ class VerifiersToolEnv(VerifiersEnv):
     def replay(self, reply: str, case: Case) -> tuple[list[Any], dict[str, Any]]:
         """The completion verifiers would hold for the policy's turns (tool calls run on a
         fresh desk), and the episode's counts."""
-        vf = _verifiers()
+        vf = import_verifiers()
         desk = self.new_desk(case)
         completion: list[Any] = []
         summary: dict[str, Any] = {"turns": 0, "tool_calls": 0, "failed_calls": 0,
@@ -140,7 +129,7 @@ class VerifiersToolEnv(VerifiersEnv):
     def rubric_state(self, reply: str, case: Case) -> Any:
         """The state verifiers' rubric scores: the prompt, the row's columns and the
         replayed episode as the completion, after the rubric ran."""
-        vf = _verifiers()
+        vf = import_verifiers()
         from verifiers.utils.message_utils import normalize_messages
 
         prompt = normalize_messages(self._vf_messages(case["prompt"]))
