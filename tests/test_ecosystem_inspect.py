@@ -180,6 +180,13 @@ def test_unknown_tasks_files_and_bad_arguments_say_so(capsys):
         assert says in capsys.readouterr().err, spec
 
 
+def test_a_judge_endpoint_is_refused_for_inspect_tasks(capsys):
+    assert main(["eval", "--env", CASES + "graded", "--env-judge-endpoint", "http://x/v1",
+                 "--base-model", "starter-2m"]) == 2
+    assert "--env-judge-endpoint is not supported for inspect tasks yet" in \
+        capsys.readouterr().err
+
+
 def test_without_the_library_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "inspect_ai", None)  # an import of it now fails
     with pytest.raises(PosttrainError, match=r"pip install 'posttrain\[ecosystem\]'"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -227,7 +228,7 @@ def test_a_v1_taskset_is_an_environment_scored_by_its_tasks(tmp_path, capsys):
     ("container", "its tasks run in a container"),
     ("runtime", "tests_pass need(s) a runtime (a sandbox)"),
     ("tools", "its tools are MCP servers (toolsets)"),
-    ("judged", "a judge scores its tasks"),
+    ("judged", "a judge scores its tasks: give it a model with --env-judge-endpoint"),
     ("unscored", "its tasks have no reward function"),
     ("messages", "a task's prompt is a list of messages"),
     ("systems", "differ in the messages before the user's"),
@@ -260,7 +261,7 @@ def test_a_prompts_file_must_carry_the_rows_columns(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, says", [
-    ("judged", "asks a judge model for the reward"),
+    ("judged", "asks a judge model for the reward: give one with --env-judge-endpoint URL"),
     ("grouped", "score a group of rollouts together"),
     ("multiturn", "env_response is its own code"),
     ("toolsub", "its env_response is its own code (a ToolEnv subclass)"),
@@ -272,6 +273,71 @@ def test_what_cannot_be_mapped_is_refused_with_the_reason(kind, says, capsys):
                  "--base-model", "starter-2m"]) == 2
     error = capsys.readouterr().err
     assert says in error and "vf-cases" in error and "Traceback" not in error
+
+
+class Judge(ChatHandler):
+    """Answers yes when the judge prompt's response block holds the ground truth."""
+
+    asked: ClassVar[list[str]] = []  # the model each request named, across requests
+
+    def do_POST(self) -> None:
+        body = self.body()
+        Judge.asked.append(body["model"])
+        prompt = body["messages"][-1]["content"]
+        truth, response = re.findall(r"```\n(.*?)\n```", prompt, re.S)[1:3]
+        self.send_json(completion(self.model, "yes" if truth in response else "no"))
+
+
+class Answerer(ChatHandler):
+    """Right on "2 plus 2", wrong on every other question."""
+
+    def do_POST(self) -> None:
+        question = self.body()["messages"][-1]["content"]
+        self.send_json(completion(self.model, "It is 4." if "2 plus 2" in question else "9"))
+
+
+def test_a_judge_rubric_calls_the_env_judge_endpoint(tmp_path, capsys):
+    Judge.asked = []
+    with serving(Judge) as judge_url, serving(Answerer) as url:
+        spec = with_env_args("verifiers:vf-cases?kind=judged",
+                             [f"posttrain.judge_endpoint={judge_url}",
+                              "posttrain.judge_model=scripted-judge"])
+        env = get_env(spec)  # what verifiers computes with its rubric pointed at the judge
+        import verifiers as vf
+        from openai import AsyncOpenAI
+
+        client = vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=url, api_key="x"))
+        library = {row["prompt"][-1]["content"]: run_sync(env.vf_env.run_rollout(
+            dict(row), client, "scripted", sampling_args={}))["reward"]
+            for row in env.vf_env.get_dataset()}
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", "verifiers:vf-cases?kind=judged", "--env-judge-endpoint",
+                     judge_url, "--env-judge-model", "scripted-judge", "--endpoint", url,
+                     "--endpoint-model", "scripted", "--split", "all", "--samples", "1",
+                     "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {row["prompt"]: row["score"] for row in rows} == library
+    assert library["What is 2 plus 2?"] == 1.0 and sum(library.values()) == 1.0
+    assert set(Judge.asked) == {"scripted-judge"}  # the model named, not the environment's
+    assert main(["eval", "--env", "refund", "--env-judge-endpoint", "http://x",
+                 "--agent", "seeded"]) == 2
+    assert "takes no arguments" in capsys.readouterr().err
+
+
+def test_a_v1_judge_calls_the_env_judge_endpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "scripted")  # v1 judges read their key from a variable
+    Judge.asked = []
+    with serving(Judge) as judge_url, serving(Answerer) as url:
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", "verifiers:vf-v1-cases?kind=judged",
+                     "--env-judge-endpoint", judge_url, "--env-judge-model", "v1-judge",
+                     "--env-judge-key-env", "JUDGE_KEY", "--endpoint", url,
+                     "--endpoint-model", "scripted", "--split", "all", "--samples", "1",
+                     "--out", str(out)]) == 0
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    # "It is 4.": the exact-match reward says no, the judge (reference answer 4) says yes
+    assert row["markers"] == {"exact": 0.0, "reference": 1.0} and row["score"] == 1.0
+    assert set(Judge.asked) == {"v1-judge"}
 
 
 def test_unknown_packages_and_bad_arguments_say_so(capsys):

@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise PosttrainError(f"--samples must be at least 1, got {args.samples}")
     env = get_env(args.env)
-    data = prepare_data(settings_from_args(DataFlags, args).data_config(), env)
+    data = prepare_data(settings_from_args(DataFlags, args).data_config(), env,
+                        need_holdout=args.split == "holdout")
     prompts = {"holdout": data.holdout, "train": data.train, "all": data.train + data.holdout}[
         args.split
     ]
@@ -159,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"policy: {_describe_policy(agent_identity(agent))}")
-    print(f"{args.split} {overall}  clustered SE {overall.se_clustered:.3f}")
+    clustered = "n/a" if overall.se_clustered is None else f"{overall.se_clustered:.3f}"
+    print(f"{args.split} {overall}  clustered SE {clustered}")
     if len(repeats) > 1:
         print("repeats pass@1: " + ", ".join(f"{value:.3f}" for value in repeats))
     print(format_group_table(category_table(rows, seed=args.eval_seed)))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
-from posttrain.commands.env_flag import add_env_arg
+from posttrain.commands.env_flag import add_env_arg, env_pairs
 from posttrain.commands.settings_file import load_settings_file
 from posttrain.envs.ecosystem import with_env_args
 from posttrain.interrupts import SIGTERM_EXIT_CODE, interruptible
@@ -64,7 +64,7 @@ def settings_for(settings_class: type, args: argparse.Namespace, command: str) -
     file_values = (load_settings_file(args.config, settings_class, command)
                    if getattr(args, "config", None) else {})
     settings = settings_from_args(settings_class, args, file_values)
-    pairs = getattr(args, "env_arg", None)
+    pairs = env_pairs(args)
     if pairs:  # --env came from the file or the default: fold the pairs in now
         settings.env = with_env_args(settings.env, pairs)
     return settings

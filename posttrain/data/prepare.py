@@ -146,11 +146,12 @@ def check_data_config(config: DataConfig) -> None:
     check_seed("--data-seed", config.seed)
 
 
-def prepare_data(config: DataConfig, env: Env) -> PreparedData:
+def prepare_data(config: DataConfig, env: Env, need_holdout: bool = True) -> PreparedData:
     """Build or load the prompt set, split a holdout by scenario, balance the train side.
 
     Raises ``PosttrainError`` for a flag out of range (``check_data_config``) and when
-    the holdout or the train side comes out empty, naming the flag to change.
+    the holdout (unless ``need_holdout`` is False: ``eval --split all`` of a small set) or
+    the train side comes out empty, naming the flag to change.
     """
     check_data_config(config)
     named = None if config.holdout_set is None else named_prompt_set(env, config.holdout_set)
@@ -179,7 +180,7 @@ def prepare_data(config: DataConfig, env: Env) -> PreparedData:
         train, holdout = split_holdout_stratified(records, config.holdout)
     else:
         train, holdout = split_holdout(records, config.holdout)
-    if not holdout:
+    if not holdout and need_holdout:
         raise PosttrainError(
             f"the holdout is empty after splitting {len(records)} prompts at --holdout "
             f"{config.holdout}: raise --holdout or --prompts"

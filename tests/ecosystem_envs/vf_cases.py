@@ -10,8 +10,9 @@ import verifiers as vf
 from datasets import Dataset
 from openai import AsyncOpenAI
 
-ROWS = [{"question": "What is 2 plus 2?", "answer": "4"},
-        {"question": "What is 3 plus 4?", "answer": "7"}]
+# six rows: enough for eval's data step to hold one out
+ROWS = [{"question": f"What is {n} plus {n + 2 * (n > 2)}?", "answer": str(2 * n + 2 * (n > 2))}
+        for n in range(2, 8)]
 
 
 def exact(completion, answer, **_kwargs) -> float:
@@ -48,8 +49,17 @@ def load_environment(kind: str = "plain", **kwargs) -> vf.Environment:
     if kind == "plain":
         return vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric(funcs=[exact]))
     if kind == "judged":
+        # a judge the environment names (an address nothing answers on): posttrain refuses
+        # it, or points it at --env-judge-endpoint
         judge = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused")
-        return vf.SingleTurnEnv(dataset=data, rubric=vf.JudgeRubric(judge_client=judge))
+        rubric = vf.JudgeRubric(judge_client=judge, judge_model="house-judge")
+
+        async def judged_correct(judge, prompt, completion, answer, state) -> float:
+            verdict = await judge(prompt, completion, answer, state)
+            return 1.0 if verdict.strip().lower().startswith("yes") else 0.0
+
+        rubric.add_reward_func(judged_correct)
+        return vf.SingleTurnEnv(dataset=data, rubric=rubric)
     if kind == "grouped":
         def distinct(completions, **_kwargs) -> list[float]:
             return [1.0 / len(completions)] * len(completions)

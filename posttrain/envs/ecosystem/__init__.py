@@ -12,22 +12,23 @@ from __future__ import annotations
 from typing import Any
 
 from posttrain.envs.ecosystem.inspect_env import InspectEnv
-from posttrain.envs.ecosystem.spec import parse_env_spec, with_env_args
+from posttrain.envs.ecosystem.spec import JudgeEndpoint, parse_env_spec, with_env_args
 from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers, load_verifiers
 from posttrain.envs.ecosystem.verifiers_tools import VerifiersToolEnv
 from posttrain.envs.ecosystem.verifiers_v1 import VerifiersTasksetEnv, is_v1_taskset
 from posttrain.errors import PosttrainError
 
 
-def verifiers_environment(env_id: str, args: dict[str, Any] | None = None) -> Any:
+def verifiers_environment(env_id: str, args: dict[str, Any] | None = None,
+                          judge: JudgeEndpoint | None = None) -> Any:
     """The posttrain environment of verifiers environment ``env_id``: a v1 taskset
     (``VerifiersTasksetEnv``), else the classic environment ``load_environment`` returns:
     a ``ToolEnv`` plays episodes (``VerifiersToolEnv``), a ``SingleTurnEnv`` single
     replies (``VerifiersEnv``)."""
     vf = import_verifiers()
     if is_v1_taskset(env_id):
-        return VerifiersTasksetEnv(env_id, args)
-    vf_env = load_verifiers(env_id, dict(args or {}))
+        return VerifiersTasksetEnv(env_id, args, judge)
+    vf_env = load_verifiers(env_id, dict(args or {}), judge)
     if isinstance(vf_env, vf.ToolEnv):
         return VerifiersToolEnv(env_id, args, vf_env)
     return VerifiersEnv(env_id, args, vf_env)
@@ -40,9 +41,13 @@ def ecosystem_env(name: str) -> Any | None:
     if spec is None:
         return None
     if spec.library == "verifiers":
-        return verifiers_environment(spec.target, spec.args)
+        return verifiers_environment(spec.target, spec.loader_args(), spec.judge())
     if spec.library == "inspect":
-        return InspectEnv(spec.target, spec.args)
+        if spec.judge() is not None:
+            raise PosttrainError(
+                f"--env {name!r}: --env-judge-endpoint is not supported for inspect tasks yet "
+                "(inspect's model-graded scorers reach a model through its own providers)")
+        return InspectEnv(spec.target, spec.loader_args())
     raise PosttrainError(f"--env {name!r}: {spec.library} environments are not supported yet")
 
 

@@ -19,6 +19,20 @@ from posttrain.errors import PosttrainError
 
 #: the libraries ``--env LIBRARY:...`` loads through
 LIBRARIES = ("verifiers", "inspect")
+#: query keys that are posttrain's own, not the loader's (``--env-judge-endpoint`` and its
+#: companions): the judge model an environment's own judge calls
+JUDGE_KEYS = {"posttrain.judge_endpoint": "url", "posttrain.judge_model": "model",
+              "posttrain.judge_key_env": "key_env"}
+
+
+@dataclass(frozen=True)
+class JudgeEndpoint:
+    """The OpenAI-compatible API an environment's own judge (a verifiers ``JudgeRubric``,
+    a v1 judge) calls instead of the one it names: ``--env-judge-endpoint``."""
+
+    url: str
+    model: str | None = None
+    key_env: str = "OPENAI_API_KEY"
 
 
 @dataclass
@@ -28,6 +42,21 @@ class EcosystemSpec:
     library: str
     target: str
     args: dict[str, Any] = field(default_factory=dict)
+
+    def loader_args(self) -> dict[str, Any]:
+        """The arguments for the library's loader (posttrain's own keys left out)."""
+        return {key: value for key, value in self.args.items() if key not in JUDGE_KEYS}
+
+    def judge(self) -> JudgeEndpoint | None:
+        """The judge endpoint the spec names (``--env-judge-endpoint``), or None."""
+        given = {JUDGE_KEYS[key]: str(value) for key, value in self.args.items()
+                 if key in JUDGE_KEYS}
+        if not given:
+            return None
+        if "url" not in given:
+            raise PosttrainError("--env-judge-model and --env-judge-key-env need "
+                                 "--env-judge-endpoint URL")
+        return JudgeEndpoint(**given)
 
 
 def parse_env_spec(name: str) -> EcosystemSpec | None:

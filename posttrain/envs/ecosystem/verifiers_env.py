@@ -19,7 +19,8 @@ Hub's packages live) and maps it onto posttrain's contract:
   what the policy sees (``messages_for``).
 
 What cannot be mapped is refused when the environment loads, naming the part and why
-(``refusal``): a judge rubric (it needs a model), group-level reward functions (they
+(``refusal``): a judge rubric without ``--env-judge-endpoint`` (it needs a model; with
+one, its judge client calls that endpoint), group-level reward functions (they
 score a group, posttrain scores a reply), sandboxes and stateful tools, multi-turn
 environments whose turns are the environment's own code, and prompts that differ in their
 earlier messages. Nothing is silently skipped.
@@ -27,6 +28,7 @@ earlier messages. Nothing is silently skipped.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from posttrain.envs.base import Case, Messages
@@ -38,6 +40,7 @@ from posttrain.envs.ecosystem.common import (
     pick_indices,
     shared_prefix,
 )
+from posttrain.envs.ecosystem.spec import JudgeEndpoint
 from posttrain.errors import PosttrainError
 
 #: JSON type names of the columns that travel as record fields
@@ -73,21 +76,40 @@ def import_verifiers() -> Any:
     return verifiers
 
 
-def load_verifiers(env_id: str, args: dict[str, Any]) -> Any:
-    """The verifiers environment ``env_id`` loads with ``args``, or a PosttrainError saying
-    why it cannot load or cannot be a posttrain environment (``refusal``)."""
+def load_verifiers(env_id: str, args: dict[str, Any], judge: JudgeEndpoint | None = None
+                   ) -> Any:
+    """The verifiers environment ``env_id`` loads with ``args``, its judge rubrics pointed at
+    ``judge`` when one is given, or a PosttrainError saying why it cannot load or cannot be
+    a posttrain environment (``refusal``)."""
     vf = import_verifiers()
     try:
         vf_env = vf.load_environment(env_id, **args)
     except (ValueError, RuntimeError, TypeError) as error:
         raise PosttrainError(f"--env verifiers:{env_id}: {error}") from None
-    why = refusal(vf_env, env_id)
+    why = refusal(vf_env, env_id, judged=judge is not None)
     if why:
         raise PosttrainError(why)
+    if judge is not None:
+        point_judges_at(vf_env.rubric, judge)
     return vf_env
 
 
-def refusal(vf_env: Any, env_id: str) -> str | None:
+def point_judges_at(rubric: Any, judge: JudgeEndpoint) -> None:
+    """Every ``JudgeRubric`` under ``rubric`` calls ``judge`` (``--env-judge-endpoint``)."""
+    vf = import_verifiers()
+    from openai import AsyncOpenAI
+
+    for leaf in _rubrics(rubric):
+        if isinstance(leaf, vf.JudgeRubric):
+            leaf.judge_client = AsyncOpenAI(base_url=judge.url,
+                                            api_key=os.environ.get(judge.key_env) or "no-key")
+            leaf.judge_model = judge.model or leaf.judge_model
+            # the reward functions receive these by name, from class_objects
+            leaf.class_objects.update(judge_client=leaf.judge_client,
+                                      judge_model=leaf.judge_model)
+
+
+def refusal(vf_env: Any, env_id: str, judged: bool = False) -> str | None:
     """Why ``vf_env`` cannot be a posttrain environment, or None when it can."""
     vf = import_verifiers()
     where = f"verifiers environment {env_id!r} ({type(vf_env).__name__})"
@@ -110,10 +132,10 @@ def refusal(vf_env: Any, env_id: str) -> str | None:
         return (f"{where}: a multi-turn environment whose env_response is its own code "
                 "cannot be replayed from a reply; posttrain plays SingleTurnEnv and ToolEnv")
     for rubric in _rubrics(vf_env.rubric):
-        if isinstance(rubric, vf.JudgeRubric):
+        if isinstance(rubric, vf.JudgeRubric) and not judged:
             return (f"{where}: its rubric {type(rubric).__name__} asks a judge model for the "
-                    "reward, and posttrain does not hand verifiers a judge: score with "
-                    "reward functions of the reply only")
+                    "reward: give one with --env-judge-endpoint URL (an OpenAI-compatible "
+                    "API), or score with reward functions of the reply only")
         group = [getattr(func, "__name__", repr(func)) for func in rubric.funcs
                  if rubric._is_group_func(func)]
         if group:
@@ -148,10 +170,10 @@ class VerifiersEnv:
     module docstring). Built by ``get_env("verifiers:ENV_ID?...")``."""
 
     def __init__(self, env_id: str, args: dict[str, Any] | None = None,
-                 vf_env: Any | None = None) -> None:
+                 vf_env: Any | None = None, judge: JudgeEndpoint | None = None) -> None:
         self.env_id = env_id
         self.args = dict(args or {})
-        self.vf_env = vf_env if vf_env is not None else load_verifiers(env_id, self.args)
+        self.vf_env = vf_env if vf_env is not None else load_verifiers(env_id, self.args, judge)
         self.name = env_id
         self.tools: list[dict[str, Any]] = []
         rows = [dict(row) for row in self.vf_env.get_dataset()]

@@ -36,6 +36,7 @@ from posttrain.envs.ecosystem.common import (
     pick_indices,
     shared_prefix,
 )
+from posttrain.envs.ecosystem.spec import JudgeEndpoint
 from posttrain.errors import PosttrainError
 
 
@@ -67,7 +68,20 @@ def _requires_runtime(function: Any) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-def refusal(taskset_class: Any, config: Any, tasks: list[Any], env_id: str) -> str | None:
+def _judged_by(task: Any, judge: JudgeEndpoint) -> Any:
+    """``task`` with every judge of its config calling ``judge`` (``--env-judge-endpoint``):
+    v1 judges read their endpoint, model and key variable from their config."""
+    if not task.config.judges:
+        return task
+    update: dict[str, Any] = {"base_url": judge.url, "api_key_var": judge.key_env}
+    if judge.model:
+        update["model"] = judge.model
+    judges = [config.model_copy(update=update) for config in task.config.judges]
+    return type(task)(task.data, task.config.model_copy(update={"judges": judges}))
+
+
+def refusal(taskset_class: Any, config: Any, tasks: list[Any], env_id: str,
+            judged: bool = False) -> str | None:
     """Why the taskset cannot be a posttrain environment, or None when it can (every task
     is checked: one task that needs a container is enough to refuse)."""
     where = f"verifiers taskset {env_id!r} ({taskset_class.__name__})"
@@ -79,9 +93,10 @@ def refusal(taskset_class: Any, config: Any, tasks: list[Any], env_id: str) -> s
         task_class = type(task)
         if task_class.NEEDS_CONTAINER or task.data.image:
             return f"{where}: its tasks run in a container, which posttrain does not provide"
-        if task.config.judges:
-            return (f"{where}: a judge scores its tasks, and posttrain does not hand verifiers "
-                    "a judge model: score with reward functions of the trace only")
+        if task.config.judges and not judged:
+            return (f"{where}: a judge scores its tasks: give it a model with "
+                    "--env-judge-endpoint URL (an OpenAI-compatible API), or score with "
+                    "reward functions of the trace only")
         if not isinstance(task.data.prompt, str):
             return (f"{where}: a task's prompt is a list of messages; posttrain maps tasks "
                     "whose prompt is one user message")
@@ -108,7 +123,8 @@ class VerifiersTasksetEnv:
     #: the task's data, whole: scoring rebuilds the task from it
     record_fields: ClassVar[dict[str, str]] = {"task_data": "object"}
 
-    def __init__(self, env_id: str, args: dict[str, Any] | None = None) -> None:
+    def __init__(self, env_id: str, args: dict[str, Any] | None = None,
+                 judge: JudgeEndpoint | None = None) -> None:
         from pydantic import ValidationError
         from verifiers.v1.utils.loaders import taskset_class, taskset_config_type
 
@@ -121,13 +137,16 @@ class VerifiersTasksetEnv:
             self._taskset_class = taskset_class(env_id)
             config = taskset_config_type(env_id).model_validate({"id": env_id, **self.args})
             self._tasks = list(self._taskset_class(config))
+            if judge is not None:
+                self._tasks = [_judged_by(task, judge) for task in self._tasks]
         except ValidationError as error:
             raise PosttrainError(f"{where}: the taskset's arguments: {error}") from None
         except (ValueError, TypeError, AttributeError, RuntimeError) as error:
             raise PosttrainError(f"{where}: {error}") from None
         if not self._tasks:
             raise PosttrainError(f"verifiers taskset {env_id!r}: it loads no tasks")
-        why = refusal(self._taskset_class, config, self._tasks, env_id)
+        why = refusal(self._taskset_class, config, self._tasks, env_id,
+                      judged=judge is not None)
         if why:
             raise PosttrainError(why)
         if len({type(task) for task in self._tasks}) > 1:
