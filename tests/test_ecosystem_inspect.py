@@ -133,6 +133,73 @@ def test_posttrain_records_the_score_inspect_computes(tmp_path, capsys):
     assert re.search(r"multiply\s+\d+\s+\d+\s+0\.00", printed)
 
 
+def tool_step(messages: list[dict]) -> tuple[str, dict] | str:
+    """The scripted tool user, for both sides: the question's tool call first; then the
+    tool's result (one too high on even products); every third product, a guess."""
+    question = next(m["content"] for m in messages if m["role"] == "user")
+    a, op, b = re.search(r"(\d+) (plus|times) (\d+)", question).groups()
+    a, b = int(a), int(b)
+    if messages[-1]["role"] == "tool":
+        return str(int(messages[-1]["content"]) + (op == "times" and a % 2 == 0))
+    if op == "times" and a % 3 == 0:
+        return "100"
+    return ("add" if op == "plus" else "multiply", {"a": a, "b": b})
+
+
+class ToolCaller(ChatHandler):
+    def do_POST(self) -> None:
+        body = self.body()
+        assert [tool["function"]["name"] for tool in body["tools"]] == ["add", "multiply"]
+        step = tool_step(body["messages"])
+        if isinstance(step, str):
+            self.send_json(completion(self.model, step))
+        else:
+            call = {"id": "call_1", "type": "function",
+                    "function": {"name": step[0], "arguments": json.dumps(step[1])}}
+            self.send_json(completion(self.model, None, tool_calls=[call]))
+
+
+def test_a_tool_task_plays_episodes_scored_as_inspect_scores_them(tmp_path):
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.model import ModelOutput, ModelUsage
+    from inspect_arith import arith
+
+    def scripted(input, tools, tool_choice, config):
+        messages = [{"role": m.role, "content": m.text} for m in input]
+        step = tool_step(messages)
+        if isinstance(step, str):
+            output = ModelOutput.from_content(model="mockllm", content=step)
+        else:
+            output = ModelOutput.for_tool_call("mockllm", step[0], step[1])
+        output.usage = ModelUsage(input_tokens=10, output_tokens=5, total_tokens=15)
+        return output
+
+    log = inspect_eval(arith(count=24, tools=True), model="mockllm/model", display="none",
+                       model_args={"custom_outputs": scripted}, log_dir=str(tmp_path / "logs"))[0]
+    assert log.status == "success"
+    library = {str(sample.id): sample.scores["match"].value for sample in log.samples}
+    calls = {str(sample.id): sum(len(m.tool_calls or []) for m in sample.messages
+                                 if m.role == "assistant") for sample in log.samples}
+    spec = PACKAGE_TASK + "?count=24&tools=true"
+    env = get_env(spec)
+    assert env.multi_turn is True and "<tool_call>" in env.system
+    with serving(ToolCaller) as url:
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", spec, "--endpoint", url, "--endpoint-model", "scripted",
+                     "--split", "all", "--samples", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 24
+    to_float = {"C": 1.0, "I": 0.0}
+    for row in rows:  # episode by episode: inspect's verdict and its count of tool calls
+        assert row["score"] == to_float[library[row["scenario_id"]]]
+        assert row["episode"]["tool_calls"] == calls[row["scenario_id"]]
+    assert {row["score"] for row in rows} == {0.0, 1.0}
+    assert {row["episode"]["tool_calls"] for row in rows} == {0, 1}
+    desk = env.trl_environment()()
+    desk.reset(case="{}")
+    assert desk.add(a=2, b=3) == "5" and desk.multiply(a=4, b=6) == "24"
+
+
 def test_env_arg_reaches_the_task_function(tmp_path, capsys):
     with serving(Calculator) as url:
         out = tmp_path / "rows.jsonl"
@@ -157,7 +224,7 @@ def test_a_prompts_file_must_carry_the_samples_fields(tmp_path, capsys):
     ("file_samples", "sample 1 needs a sandbox"),
     ("graded", "its scorer model_graded_qa asks a model to grade the reply"),
     ("custom_graded", "its scorer asks_a_model failed on a reply: ValueError: No model"),
-    ("tooled", "its solver use_tools is not supported: the task gives the model tools"),
+    ("builtin_tool", "tool(s) inspect_ai/bash need a sandbox or the network"),
     ("choices", "its solver multiple_choice is not supported"),
     ("unscored", "it has no scorer"),
     ("per_sample_system", "differ in the messages before the user's"),
@@ -171,7 +238,7 @@ def test_what_cannot_be_mapped_is_refused_with_the_reason(name, says, capsys):
 def test_unknown_tasks_files_and_bad_arguments_say_so(capsys):
     for spec, says in [
         ("inspect:no_such_pkg/task", "no inspect task by that name"),
-        (CASES.removesuffix("@"), "the file defines 10 tasks"),
+        (CASES.removesuffix("@"), "the file defines 11 tasks"),
         ("inspect:no/such/file.py@task", "FileNotFoundError"),
         (PACKAGE_TASK + "?ops=%5B%22%2F%22%5D", "unknown operation"),
         ("inspect:", "name the inspect environment"),
@@ -194,16 +261,18 @@ def test_without_the_library_the_error_says_what_to_install(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_short_grpo_run_trains_on_the_tasks_scorer(tmp_path, starter_2m_folder):
+@pytest.mark.parametrize("spec", [PACKAGE_TASK + "?count=40",
+                                  PACKAGE_TASK + "?count=40&tools=true"])
+def test_a_short_grpo_run_trains_on_the_tasks_scorer(spec, tmp_path, starter_2m_folder):
     pytest.importorskip("trl")
-    assert main(["grpo", "--env", PACKAGE_TASK + "?count=40", "--base-model", "starter-2m",
+    assert main(["grpo", "--env", spec, "--base-model", "starter-2m",
                  "--steps", "2", "--num-generations", "4", "--eval-samples", "2",
                  "--runs-dir", str(tmp_path)]) == 0
     folder = tmp_path / "arith-grpo-v1"  # the run is named after the environment
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "done"
     config = json.loads((folder / "config.json").read_text())
-    assert config["settings"]["env"] == PACKAGE_TASK + "?count=40"
+    assert config["settings"]["env"] == spec
     env = get_env(config["settings"]["env"])
     rows = [json.loads(line) for line in (folder / "holdout_after.jsonl").open()]
     assert rows

@@ -10,7 +10,9 @@ Run it with inspect (``inspect eval examples/inspect_arith/inspect_arith.py@arit
 hand it to posttrain: ``--env inspect:examples/inspect_arith/inspect_arith.py@arith``, or
 ``--env inspect:inspect_arith/arith`` once the package is installed
 (``pip install -e examples/inspect_arith``; it registers the task through the
-``inspect_ai`` entry point). Task arguments: ``--env-arg count=80``.
+``inspect_ai`` entry point). Task arguments: ``--env-arg count=80``; ``tools=true`` gives
+the model two tools, ``add`` and ``multiply`` (plain Python functions), and posttrain plays
+the task as multi-turn episodes (call a tool, read its result, answer).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import random
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, match, scorer
-from inspect_ai.solver import TaskState, generate, system_message
+from inspect_ai.solver import TaskState, generate, system_message, use_tools
+from inspect_ai.tool import tool
 
 SYSTEM_PROMPT = ("You are a careful calculator. Answer with the number only, "
                  "e.g. 42, on one line.")
+TOOL_PROMPT = ("You are a careful calculator with two tools, add and multiply. Call the "
+               "one the question needs, then answer with its result only, e.g. 42.")
 OPERATIONS = {"+": ("add", "What is {a} plus {b}?"),
               "*": ("multiply", "What is {a} times {b}?")}
 CONCISE_CHARS = 80
@@ -55,12 +60,42 @@ def concise():
     return score
 
 
+@tool
+def add():
+    async def execute(a: int, b: int) -> int:
+        """Add two whole numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return int(a) + int(b)
+
+    return execute
+
+
+@tool
+def multiply():
+    async def execute(a: int, b: int) -> int:
+        """Multiply two whole numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return int(a) * int(b)
+
+    return execute
+
+
 @task
-def arith(count: int = 40, seed: int = 0, ops: list[str] | None = None) -> Task:
+def arith(count: int = 40, seed: int = 0, ops: list[str] | None = None,
+          tools: bool = False) -> Task:
     ops = list(ops or OPERATIONS)
     unknown = [op for op in ops if op not in OPERATIONS]
     if unknown:
         raise ValueError(f"ops: unknown operation(s) {unknown}; use any of {list(OPERATIONS)}")
     return Task(dataset=MemoryDataset(samples(count, seed, ops), name="arith"),
-                solver=[system_message(SYSTEM_PROMPT), generate()],
+                solver=([system_message(TOOL_PROMPT), use_tools(add(), multiply()), generate()]
+                        if tools else [system_message(SYSTEM_PROMPT), generate()]),
                 scorer=[match(numeric=True), concise()])

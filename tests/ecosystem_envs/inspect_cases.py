@@ -25,7 +25,7 @@ from inspect_ai.solver import (
     system_message,
     use_tools,
 )
-from inspect_ai.tool import tool
+from inspect_ai.tool import bash, tool
 
 
 def _samples(count: int = 4) -> list[Sample]:
@@ -102,6 +102,12 @@ def custom_graded() -> Task:
 @task
 def tooled() -> Task:
     return Task(dataset=MemoryDataset(_samples()), solver=[use_tools(add()), generate()],
+                scorer=match())
+
+
+@task
+def builtin_tool() -> Task:
+    return Task(dataset=MemoryDataset(_samples()), solver=[use_tools(bash()), generate()],
                 scorer=match())
 
 

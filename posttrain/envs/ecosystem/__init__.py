@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.envs.ecosystem.inspect_env import InspectEnv
+from posttrain.envs.ecosystem.inspect_env import InspectEnv, load_task
+from posttrain.envs.ecosystem.inspect_tools import InspectToolEnv, uses_tools
 from posttrain.envs.ecosystem.spec import JudgeEndpoint, parse_env_spec, with_env_args
 from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers, load_verifiers
 from posttrain.envs.ecosystem.verifiers_tools import VerifiersToolEnv
@@ -47,7 +48,11 @@ def ecosystem_env(name: str) -> Any | None:
             raise PosttrainError(
                 f"--env {name!r}: --env-judge-endpoint is not supported for inspect tasks yet "
                 "(inspect's model-graded scorers reach a model through its own providers)")
-        return InspectEnv(spec.target, spec.loader_args())
+        args = spec.loader_args()
+        task = load_task(spec.target, args)
+        if uses_tools(task):
+            return InspectToolEnv(spec.target, args, task)
+        return InspectEnv(spec.target, args, task)
     raise PosttrainError(f"--env {name!r}: {spec.library} environments are not supported yet")
 
 

@@ -20,9 +20,10 @@ posttrain's contract:
   every scorer's value is a marker, named as in inspect's logs (a dict value's entries
   as ``SCORER/KEY``).
 
-What cannot be mapped is refused when the task loads, naming the part and why: a sandbox
-or sample files (posttrain provides no sandbox), tool use and agent solvers (not mapped
-yet), solvers that post-process the model's answer (``multiple_choice``,
+A task whose solvers give the model tools with ``use_tools`` plays as multi-turn episodes
+(``inspect_tools``). What cannot be mapped is refused when the task loads, naming the part
+and why: a sandbox or sample files (posttrain provides no sandbox), agent solvers (not
+mapped yet), solvers that post-process the model's answer (``multiple_choice``,
 ``self_critique``), a model-graded scorer (it needs a judge model), and samples that
 differ in the messages before the user's. The scorers are run once on the first sample's
 own target when the task loads, so a scorer that asks a model (a custom grader) is refused
@@ -50,7 +51,6 @@ POLICY_MODEL = "posttrain/policy"
 
 # solvers posttrain cannot play, by inspect registry name, with the reason
 _REFUSED_SOLVERS = {
-    "use_tools": "the task gives the model tools; tool tasks are not mapped yet",
     "basic_agent": "an agent loop (tools, retries) is not mapped yet",
     "react": "an agent loop (tools, retries) is not mapped yet",
     "human_agent": "a person plays the task",
@@ -170,10 +170,11 @@ class InspectEnv:
     #: a sample's target (a list of text) and metadata travel as prompt-file columns
     record_fields: ClassVar[dict[str, str]] = {"target": "array", "metadata": "object"}
 
-    def __init__(self, target: str, args: dict[str, Any] | None = None) -> None:
+    def __init__(self, target: str, args: dict[str, Any] | None = None,
+                 task: Any | None = None) -> None:
         self.target = target
         self.args = dict(args or {})
-        self.task = load_task(target, self.args)
+        self.task = task if task is not None else load_task(target, self.args)
         why = refusal(self.task, target)
         if why:
             raise PosttrainError(why)
@@ -181,6 +182,8 @@ class InspectEnv:
         self.tools: list[dict[str, Any]] = []
         self._scorer_names = [_short_name(_registry_name(s)) for s in self.task.scorer]
         samples = list(self.task.dataset)
+        #: the tools the solvers gave the model, per sample (``use_tools``)
+        self._tools_seen: list[list[Any]] = []
         if not samples:
             raise PosttrainError(f"inspect task {target!r}: its dataset is empty")
         prompts: list[str] = []
@@ -199,6 +202,10 @@ class InspectEnv:
             scenario = str(sample.id if sample.id is not None else index + 1)
             cases.append((scenario, fields))
         self._prefix = shared_prefix(prefixes, f"inspect task {target!r}")
+        if any(self._tools_seen) and not getattr(self, "multi_turn", False):
+            raise PosttrainError(
+                f"inspect task {target!r}: a solver other than use_tools gives the model "
+                "tools, which posttrain does not know how to play")
         system = [m for m in self._prefix if m["role"] == "system"]
         self.system = system[0]["content"] if system else ""
         self._samples = [(prompt, scenario, fields)
@@ -206,8 +213,12 @@ class InspectEnv:
         self._by_prompt = {prompt: fields for prompt, _, fields in self._samples}
         self.categories = tuple(sorted({self.category(fields) for _, _, fields in self._samples}))
         self._scores = ScoreCache()
-        # score the first sample's own target once now, so a scorer that needs what
-        # posttrain does not give (a grader model, a sandbox) is refused when the task loads
+        if not getattr(self, "multi_turn", False):  # a tool task probes once it is set up
+            self._probe_scorers()
+
+    def _probe_scorers(self) -> None:
+        """Score the first sample's own target once, so a scorer that needs what posttrain
+        does not give (a grader model, a sandbox) is refused when the task loads."""
         prompt, _, fields = self._samples[0]
         self.scores_of((fields["target"] or [""])[0], self.case_from_record(prompt, fields))
 
@@ -233,6 +244,7 @@ class InspectEnv:
 
         async def generate(state: Any, *args: Any, **kwargs: Any) -> Any:
             asked.extend(state.messages)
+            self._tools_seen.append(list(state.tools or []))
             raise _Asked
 
         try:
@@ -285,16 +297,15 @@ class InspectEnv:
 
     def scores_of(self, reply: str, case: Case) -> dict[str, Any]:
         """Each scorer's ``Score`` for ``reply``, by its name in inspect's logs."""
-        from inspect_ai.model import ChatMessageAssistant, ModelName, ModelOutput
+        from inspect_ai.model import ModelName, ModelOutput
         from inspect_ai.scorer import Target
         from inspect_ai.solver import TaskState
 
-        messages = self._chat(self.messages_for(case["prompt"]))
-        messages.append(ChatMessageAssistant(content=reply, model=POLICY_MODEL))
+        messages, final = self.conversation(reply, case)
         target = Target(list(case.get("target") or []))
         state = TaskState(model=ModelName(POLICY_MODEL), sample_id=0, epoch=1,
                           input=case["prompt"], messages=messages, target=target,
-                          output=ModelOutput.from_content(POLICY_MODEL, reply),
+                          output=ModelOutput.from_content(POLICY_MODEL, final),
                           metadata=dict(case.get("metadata") or {}))
 
         async def score_all() -> dict[str, Any]:
@@ -310,6 +321,15 @@ class InspectEnv:
             return scores
 
         return run_sync(score_all())
+
+    def conversation(self, reply: str, case: Case) -> tuple[list[Any], str]:
+        """The messages the scorers see (inspect's own types) and the model's final text:
+        the prompt, then the reply."""
+        from inspect_ai.model import ChatMessageAssistant
+
+        messages = self._chat(self.messages_for(case["prompt"]))
+        messages.append(ChatMessageAssistant(content=reply, model=POLICY_MODEL))
+        return messages, reply
 
     @staticmethod
     def _chat(messages: Messages) -> list[Any]:

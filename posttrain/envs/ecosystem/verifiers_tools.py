@@ -8,9 +8,9 @@ calls ends the rollout (or ``max_turns``). posttrain plays the same episode
 - the policy sees the environment's system prompt, the tools (one JSON schema a line, as
   verifiers derives them) and posttrain's ``<tool_call>`` wire format; an endpoint gets the
   tools as OpenAI tools instead;
-- the desk (``ToolDesk``) runs a call on the environment's own ``tool_map`` function and
-  formats a failure with the environment's ``error_formatter``, as ``ToolEnv.env_response``
-  does;
+- the desk (``tool_desk.ToolDesk``) runs a call on the environment's own ``tool_map``
+  function and formats a failure with the environment's ``error_formatter``, as
+  ``ToolEnv.env_response`` does;
 - the reward replays the policy's turns on a fresh desk (never trusting a result written in
   the text), rebuilds the completion verifiers would hold (assistant turns with
   ``tool_calls``, tool messages) and runs the environment's rubric on it (its
@@ -23,47 +23,14 @@ calls ends the rollout (or ``max_turns``). posttrain plays the same episode
 
 from __future__ import annotations
 
-import inspect
 import json
-import typing
-from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
+from posttrain.envs.ecosystem.tool_desk import ToolDesk, tool_desk_class, turn_text
 from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers
-from posttrain.envs.wire import TOOL_CALL_OPEN, WIRE_FORMAT, parse_tool_calls, split_turns
-
-
-@dataclass
-class ToolDesk:
-    """One episode's tools: the environment's functions, called as ``ToolEnv`` calls them."""
-
-    tool_map: dict[str, Any]
-    error_formatter: Any
-    done: bool = False
-    calls: list[tuple[str, dict[str, Any], str, bool]] = field(default_factory=list)
-
-    def call(self, name: str, arguments: dict[str, Any]) -> str:
-        """The tool's result as text; an unknown tool or a raised error is text too."""
-        function = self.tool_map.get(name)
-        try:
-            if function is None:
-                raise KeyError(name)  # what ToolEnv.call_tool raises for an unknown tool
-            result = function(**arguments)
-            if inspect.isawaitable(result):
-                result = run_sync(result)
-            text, ok = str(result), True
-        except Exception as error:  # a tool's own failure goes back to the policy
-            text, ok = str(self.error_formatter(error)), False
-        self.calls.append((name, dict(arguments), text, ok))
-        return text
-
-
-def _turn_text(turn: str) -> str:
-    """A turn's prose without its ``<tool_call>`` blocks (the calls travel as tool_calls)."""
-    head = turn.split(TOOL_CALL_OPEN, 1)[0]
-    return head.strip()
+from posttrain.envs.wire import WIRE_FORMAT, parse_tool_calls, split_turns
 
 
 class VerifiersToolEnv(VerifiersEnv):
@@ -117,7 +84,7 @@ class VerifiersToolEnv(VerifiersEnv):
             tool_calls = [vf.ToolCall(id=f"call_{index}_{number}", name=call["name"],
                                       arguments=json.dumps(call["arguments"]))
                           for number, call in enumerate(calls)]
-            completion.append(vf.AssistantMessage(content=_turn_text(turn) or None,
+            completion.append(vf.AssistantMessage(content=turn_text(turn) or None,
                                                   tool_calls=tool_calls))
             for tool_call, call in zip(tool_calls, calls, strict=True):
                 result = desk.call(call["name"], call["arguments"])
@@ -157,42 +124,5 @@ class VerifiersToolEnv(VerifiersEnv):
     def trl_environment(self) -> type:
         """The class TRL's ``environment_factory`` instantiates (one per rollout): each of
         the environment's tools is a method with the tool's signature and docstring."""
-        return tool_desk_class(self.env_id, self.vf_env.tool_map, self.vf_env.error_formatter)
-
-
-def tool_desk_class(env_id: str, tool_map: dict[str, Any], error_formatter: Any) -> type:
-    """A TRL environment class for ``tool_map``: ``reset(**row)`` starts an episode, and a
-    method per tool (TRL reads each one's schema from its signature and docstring)."""
-
-    def __init__(self: Any) -> None:
-        self.desk = ToolDesk(dict(tool_map), error_formatter)
-
-    def reset(self: Any, **row: Any) -> None:
-        self.desk = ToolDesk(dict(tool_map), error_formatter)
-
-    namespace: dict[str, Any] = {"__init__": __init__, "reset": reset,
-                                 "__doc__": f"The tools of verifiers environment {env_id!r}."}
-    for name, function in tool_map.items():
-        namespace[name] = _tool_method(name, function)
-    return type("VerifiersToolDesk", (), namespace)
-
-
-def _tool_method(name: str, function: Any) -> Any:
-    """A method that runs tool ``name`` on the instance's desk, with the function's own
-    signature (``self`` first), type hints and docstring."""
-    signature = inspect.signature(function)
-
-    def method(self: Any, *args: Any, **kwargs: Any) -> str:
-        bound = signature.bind(*args, **kwargs)
-        return str(self.desk.call(name, dict(bound.arguments)))
-
-    hints = typing.get_type_hints(function)
-    hints["return"] = str
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = function.__doc__
-    method.__annotations__ = hints
-    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    # inspect.signature reads __signature__ (a function has no such declared attribute)
-    vars(method)["__signature__"] = signature.replace(
-        parameters=[self_parameter, *signature.parameters.values()], return_annotation=str)
-    return method
+        return tool_desk_class(f"verifiers environment {self.env_id!r}", self.vf_env.tool_map,
+                               self.vf_env.error_formatter)
