@@ -15,6 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -35,6 +36,7 @@ CASES = "inspect:" + str(ROOT / "tests" / "ecosystem_envs" / "inspect_cases.py")
 @pytest.fixture(autouse=True)
 def example_on_path(inspect_example_site, monkeypatch):
     monkeypatch.syspath_prepend(str(inspect_example_site))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "ecosystem_envs"))
 
 
 def answer(question: str) -> str:
@@ -222,7 +224,8 @@ def test_a_prompts_file_must_carry_the_samples_fields(tmp_path, capsys):
 @pytest.mark.parametrize("name, says", [
     ("sandboxed", "runs in a sandbox"),
     ("file_samples", "sample 1 needs a sandbox"),
-    ("graded", "its scorer model_graded_qa asks a model to grade the reply"),
+    ("graded", "its scorer model_graded_qa asks a model to grade the reply: give one with "
+               "--env-judge-endpoint"),
     ("custom_graded", "its scorer asks_a_model failed on a reply: ValueError: No model"),
     ("builtin_tool", "tool(s) inspect_ai/bash need a sandbox or the network"),
     ("choices", "its solver multiple_choice is not supported"),
@@ -247,11 +250,63 @@ def test_unknown_tasks_files_and_bad_arguments_say_so(capsys):
         assert says in capsys.readouterr().err, spec
 
 
-def test_a_judge_endpoint_is_refused_for_inspect_tasks(capsys):
-    assert main(["eval", "--env", CASES + "graded", "--env-judge-endpoint", "http://x/v1",
-                 "--base-model", "starter-2m"]) == 2
-    assert "--env-judge-endpoint is not supported for inspect tasks yet" in \
-        capsys.readouterr().err
+class Grader(ChatHandler):
+    """model_graded_qa's grader: C when the submission holds the criterion."""
+
+    asked: ClassVar[list[str]] = []  # the model each request named, across requests
+
+    def do_POST(self) -> None:
+        body = self.body()
+        Grader.asked.append(body["model"])
+        text = body["messages"][-1]["content"]
+        submission = re.search(r"\[Submission\]: (.*?)\n", text).group(1)
+        criterion = re.search(r"\[Criterion\]: (.*?)\n", text).group(1)
+        self.send_json(completion(self.model, "GRADE: C" if criterion in submission
+                                  else "GRADE: I"))
+
+
+def odd_right(question: str) -> str:
+    """Right on odd numbers, one too high on even ones."""
+    n = int(re.search(r"What is (\d+) plus", question).group(1))
+    return f"It is {2 * n + (n % 2 == 0)}."
+
+
+class OddRight(ChatHandler):
+    def do_POST(self) -> None:
+        self.send_json(completion(self.model, odd_right(self.body()["messages"][-1]["content"])))
+
+
+def test_a_model_graded_scorer_calls_the_env_judge_endpoint(tmp_path):
+    import inspect_cases
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+
+    from posttrain.envs.ecosystem.inspect_judge import PROVIDER
+
+    def scripted(input, tools, tool_choice, config):
+        output = ModelOutput.from_content(model="mockllm", content=odd_right(input[-1].text))
+        output.usage = ModelUsage(input_tokens=10, output_tokens=5, total_tokens=15)
+        return output
+
+    Grader.asked = []
+    with serving(Grader) as judge_url, serving(OddRight) as url:
+        # inspect's own eval, the grader role bound to the same endpoint
+        grader = get_model(f"{PROVIDER}/scripted-grader", base_url=judge_url, api_key="x")
+        log = inspect_eval(inspect_cases.graded(), model="mockllm/model", display="none",
+                           model_args={"custom_outputs": scripted},
+                           model_roles={"grader": grader}, log_dir=str(tmp_path / "logs"))[0]
+        assert log.status == "success"
+        library = {str(s.id): s.scores["model_graded_qa"].value for s in log.samples}
+        out = tmp_path / "rows.jsonl"
+        assert main(["eval", "--env", CASES + "graded", "--env-judge-endpoint", judge_url,
+                     "--env-judge-model", "scripted-grader", "--endpoint", url,
+                     "--endpoint-model", "scripted", "--split", "all", "--samples", "1",
+                     "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {row["scenario_id"]: row["score"] for row in rows} == {
+        key: {"C": 1.0, "I": 0.0}[value] for key, value in library.items()}
+    assert set(library.values()) == {"C", "I"}
+    assert set(Grader.asked) == {"scripted-grader"}
 
 
 def test_without_the_library_the_error_says_what_to_install(monkeypatch):

@@ -44,15 +44,11 @@ def ecosystem_env(name: str) -> Any | None:
     if spec.library == "verifiers":
         return verifiers_environment(spec.target, spec.loader_args(), spec.judge())
     if spec.library == "inspect":
-        if spec.judge() is not None:
-            raise PosttrainError(
-                f"--env {name!r}: --env-judge-endpoint is not supported for inspect tasks yet "
-                "(inspect's model-graded scorers reach a model through its own providers)")
         args = spec.loader_args()
         task = load_task(spec.target, args)
         if uses_tools(task):
-            return InspectToolEnv(spec.target, args, task)
-        return InspectEnv(spec.target, args, task)
+            return InspectToolEnv(spec.target, args, task, spec.judge())
+        return InspectEnv(spec.target, args, task, spec.judge())
     raise PosttrainError(f"--env {name!r}: {spec.library} environments are not supported yet")
 
 

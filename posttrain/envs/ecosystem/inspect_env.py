@@ -24,7 +24,8 @@ A task whose solvers give the model tools with ``use_tools`` plays as multi-turn
 (``inspect_tools``). What cannot be mapped is refused when the task loads, naming the part
 and why: a sandbox or sample files (posttrain provides no sandbox), agent solvers (not
 mapped yet), solvers that post-process the model's answer (``multiple_choice``,
-``self_critique``), a model-graded scorer (it needs a judge model), and samples that
+``self_critique``), a model-graded scorer without ``--env-judge-endpoint`` (with one, it
+grades through ``inspect_judge``), and samples that
 differ in the messages before the user's. The scorers are run once on the first sample's
 own target when the task loads, so a scorer that asks a model (a custom grader) is refused
 then, with its name; one that fails later on a reply is reported the same way, never
@@ -44,6 +45,7 @@ from posttrain.envs.ecosystem.common import (
     pick_indices,
     shared_prefix,
 )
+from posttrain.envs.ecosystem.spec import JudgeEndpoint
 from posttrain.errors import PosttrainError
 
 #: the model name the scorers see in their TaskState (no model runs)
@@ -134,8 +136,9 @@ def load_task(target: str, args: dict[str, Any]) -> Any:
     return tasks[0]
 
 
-def refusal(task: Any, target: str) -> str | None:
-    """Why ``task`` cannot be a posttrain environment, or None when it can."""
+def refusal(task: Any, target: str, judged: bool = False) -> str | None:
+    """Why ``task`` cannot be a posttrain environment, or None when it can (``judged``: a
+    grader model was given, ``--env-judge-endpoint``)."""
     where = f"inspect task {target!r}"
     if task.sandbox is not None:
         return f"{where}: not supported: it runs in a sandbox, which posttrain does not provide"
@@ -147,10 +150,10 @@ def refusal(task: Any, target: str) -> str | None:
             return f"{where}: its solver {name} is not supported: {_REFUSED_SOLVERS[name]}"
     for scorer in task.scorer:
         name = _short_name(_registry_name(scorer))
-        if name in _MODEL_GRADED_SCORERS:
-            return (f"{where}: its scorer {name} asks a model to grade the reply, and "
-                    "posttrain does not hand inspect a grader model: score with scorers of "
-                    "the reply and target only")
+        if name in _MODEL_GRADED_SCORERS and not judged:
+            return (f"{where}: its scorer {name} asks a model to grade the reply: give one "
+                    "with --env-judge-endpoint URL (an OpenAI-compatible API), or score "
+                    "with scorers of the reply and target only")
     for index, sample in enumerate(task.dataset):
         if sample.sandbox is not None or sample.files or sample.setup:
             named = sample.id if sample.id is not None else index + 1
@@ -171,13 +174,19 @@ class InspectEnv:
     record_fields: ClassVar[dict[str, str]] = {"target": "array", "metadata": "object"}
 
     def __init__(self, target: str, args: dict[str, Any] | None = None,
-                 task: Any | None = None) -> None:
+                 task: Any | None = None, judge: JudgeEndpoint | None = None) -> None:
         self.target = target
         self.args = dict(args or {})
         self.task = task if task is not None else load_task(target, self.args)
-        why = refusal(self.task, target)
+        why = refusal(self.task, target, judged=judge is not None)
         if why:
             raise PosttrainError(why)
+        self._judge = None
+        if judge is not None:
+            # imports inspect_ai at its top: only when a judge is asked for
+            from posttrain.envs.ecosystem.inspect_judge import judge_model
+
+            self._judge = judge_model(judge)
         self.name = _short_name(self.task.name)
         self.tools: list[dict[str, Any]] = []
         self._scorer_names = [_short_name(_registry_name(s)) for s in self.task.scorer]
@@ -316,11 +325,16 @@ class InspectEnv:
                 except Exception as error:
                     raise PosttrainError(
                         f"inspect task {self.target!r}: its scorer {name} failed on a reply: "
-                        f"{type(error).__name__}: {error} (posttrain scores without a model: "
-                        "a scorer that asks one is not supported)") from None
+                        f"{type(error).__name__}: {error} (a scorer that asks a model needs "
+                        "--env-judge-endpoint URL)") from None
             return scores
 
-        return run_sync(score_all())
+        if self._judge is None:
+            return run_sync(score_all())
+        # imports inspect_ai at its top: only when a judge is asked for
+        from posttrain.envs.ecosystem.inspect_judge import graded_by
+
+        return run_sync(graded_by(self._judge, score_all()))
 
     def conversation(self, reply: str, case: Case) -> tuple[list[Any], str]:
         """The messages the scorers see (inspect's own types) and the model's final text:

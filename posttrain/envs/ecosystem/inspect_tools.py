@@ -31,6 +31,7 @@ from posttrain.envs.ecosystem.inspect_env import (
     _short_name,
     _solvers,
 )
+from posttrain.envs.ecosystem.spec import JudgeEndpoint
 from posttrain.envs.ecosystem.tool_desk import ToolDesk, tool_desk_class, turn_text
 from posttrain.envs.wire import WIRE_FORMAT, parse_tool_calls, split_turns
 from posttrain.errors import PosttrainError
@@ -51,10 +52,11 @@ class InspectToolEnv(InspectEnv):
 
     multi_turn = True
 
-    def __init__(self, target: str, args: dict[str, Any] | None, task: Any) -> None:
+    def __init__(self, target: str, args: dict[str, Any] | None, task: Any,
+                 judge: JudgeEndpoint | None = None) -> None:
         from inspect_ai.tool import ToolDef
 
-        super().__init__(target, args, task)
+        super().__init__(target, args, task, judge)
         where = f"inspect task {target!r}"
         seen = {tuple(ToolDef(tool).name for tool in tools) for tools in self._tools_seen}
         if len(seen) != 1 or not next(iter(seen)):
