@@ -202,6 +202,15 @@ def test_a_tool_task_plays_episodes_scored_as_inspect_scores_them(tmp_path):
     assert desk.add(a=2, b=3) == "5" and desk.multiply(a=4, b=6) == "24"
 
 
+def test_the_reference_agent_replies_with_the_target():
+    for spec in (PACKAGE_TASK + "?count=8", PACKAGE_TASK + "?count=8&tools=true"):
+        env = get_env(spec)
+        agent = env.reference_agent()
+        for record in env.write_prompts(8):
+            reply = agent(env.messages_for(record["prompt"]))
+            assert reply == record["case"]["target"][0] and env.score(reply, record["case"]) == 1.0
+
+
 def test_env_arg_reaches_the_task_function(tmp_path, capsys):
     with serving(Calculator) as url:
         out = tmp_path / "rows.jsonl"

@@ -240,6 +240,20 @@ def test_what_a_v1_taskset_cannot_map_is_refused(kind, says, capsys):
     assert says in error and "vf-v1-cases" in error and "Traceback" not in error
 
 
+@pytest.mark.parametrize("spec, first", [
+    ("verifiers:vf-arith?count=12", "<answer>\n"),  # the XMLParser's own format
+    ("verifiers:vf-arith-v1?count=12", "<answer>"),
+    ("verifiers:vf-arith?count=12&tools=true", "<answer>\n"),
+])
+def test_the_reference_agent_replies_with_the_ground_truth_the_rule_passes(spec, first):
+    env = get_env(spec)
+    agent = env.reference_agent()
+    for record in env.write_prompts(12):
+        reply = agent(env.messages_for(record["prompt"]))
+        assert reply.startswith(first) and env.score(reply, record["case"]) == 1.0
+    assert agent([{"role": "user", "content": "a prompt of no row"}]) == ""
+
+
 def test_env_arg_reaches_load_environment(tmp_path, capsys):
     with serving(Calculator) as url:
         out = tmp_path / "rows.jsonl"
@@ -370,3 +384,22 @@ def test_a_short_grpo_run_trains_on_the_verifiers_reward(spec, tmp_path, starter
     for row in rows:  # what the run recorded is the rubric's verdict on that reply
         assert row["score"] == pytest.approx(env.score(row["reply"], row["case"]))
         assert row["markers"] == env.markers(row["reply"], row["case"])
+
+
+@pytest.mark.slow
+def test_sft_learns_from_the_ground_truth_and_dpo_says_why_it_cannot(tmp_path, capsys,
+                                                                      starter_2m_folder):
+    pytest.importorskip("trl")
+    spec = "verifiers:vf-arith?count=40"
+    assert main(["sft", "--env", spec, "--base-model", "starter-2m", "--steps", "4",
+                 "--eval-samples", "2", "--runs-dir", str(tmp_path)]) in (0, 1)
+    summary = json.loads((tmp_path / "vf-arith-sft-v1" / "summary.json").read_text())
+    assert summary["status"] == "done"
+    printed = capsys.readouterr()
+    # every train prompt's ground truth passes the rubric (its parser's format)
+    assert "demonstrations: 37 kept of 74 from the reference agent of 'vf-arith'" in printed.out
+    # the starter answers no arithmetic: no prompt has contrast, and DPO says so
+    assert main(["dpo", "--env", spec, "--base-model", "starter-2m",
+                 "--runs-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "contrast" in error and "Traceback" not in error

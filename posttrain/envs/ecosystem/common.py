@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from posttrain.envs.base import Case
+from posttrain.envs.base import PASS_THRESHOLD, Case
 from posttrain.errors import PosttrainError
 
 #: the category of every prompt of an environment whose data names none
@@ -57,3 +57,38 @@ class ScoreCache:
                 self._scores.clear()
             self._scores[key] = compute()
         return self._scores[key]
+
+
+class GroundTruthAgent:
+    """The reference agent of an environment another library wrote: it knows no policy,
+    only each prompt's ground truth (a row's ``answer``, a sample's ``target``), and replies
+    with the first of the adapter's candidate spellings of it (the bare answer, the
+    answer in the tag the rubric parses, ...) that the environment's own reward passes.
+    What ``posttrain sft --demos reference`` and a starter build learn from; a prompt
+    whose ground truth is unknown or passes in no spelling gets the bare answer (or
+    nothing), which the rule fails and the callers drop."""
+
+    def __init__(self, env: Any, candidates: Callable[[Case], list[str]]) -> None:
+        self.env = env
+        self.candidates = candidates
+        self.__name__ = "ground_truth"
+
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        try:
+            case = self.env.case_for(prompt)
+        except KeyError:
+            return ""
+        spellings = [text for text in self.candidates(case) if text]
+        for text in spellings:
+            if self.env.score(text, case) >= PASS_THRESHOLD:
+                return text
+        return spellings[0] if spellings else ""
+
+
+def answer_spellings(answer: Any) -> list[str]:
+    """The bare answer, then in the ``<answer>`` tag most rubrics parse."""
+    if answer is None or answer == "":
+        return []
+    text = str(answer).strip()
+    return [text, f"<answer>{text}</answer>"]

@@ -40,6 +40,7 @@ from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
 from posttrain.envs.ecosystem.common import (
     DEFAULT_CATEGORY,
+    GroundTruthAgent,
     ScoreCache,
     clip,
     pick_indices,
@@ -301,6 +302,11 @@ class InspectEnv:
             if isinstance(named, str) and named:
                 return named
         return DEFAULT_CATEGORY
+
+    def reference_agent(self, seed: int = 0) -> GroundTruthAgent:
+        """Replies with the sample's target (the first of its targets the first scorer
+        passes; ``GroundTruthAgent``)."""
+        return GroundTruthAgent(self, lambda case: [str(t) for t in case.get("target") or []])
 
     # -- the reward --------------------------------------------------------------
 

@@ -35,7 +35,9 @@ from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
 from posttrain.envs.ecosystem.common import (
     DEFAULT_CATEGORY,
+    GroundTruthAgent,
     ScoreCache,
+    answer_spellings,
     clip,
     pick_indices,
     shared_prefix,
@@ -254,6 +256,25 @@ class VerifiersEnv:
             if isinstance(info.get("category"), str) and info["category"]:
                 return str(info["category"])
         return DEFAULT_CATEGORY
+
+    def reference_agent(self, seed: int = 0) -> GroundTruthAgent:
+        """Replies with the row's ``answer``, formatted the way the environment's parser
+        writes it where it can (an ``XMLParser``), else bare or in an ``<answer>`` tag:
+        the first spelling the rubric passes (``GroundTruthAgent``)."""
+        return GroundTruthAgent(self, self._truth_spellings)
+
+    def _truth_spellings(self, case: Case) -> list[str]:
+        answer = case.get("answer")
+        spellings = answer_spellings(answer)
+        parser = getattr(self.vf_env, "parser", None)
+        field = getattr(parser, "answer_field", None)
+        write = getattr(parser, "format", None)
+        if spellings and field and callable(write):
+            try:
+                spellings.insert(0, str(write(**{field: str(answer).strip()})))
+            except (TypeError, ValueError, KeyError):
+                pass  # a parser whose format wants other fields: the plain spellings
+        return spellings
 
     # -- the reward --------------------------------------------------------------
 

@@ -31,7 +31,9 @@ from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
 from posttrain.envs.ecosystem.common import (
     DEFAULT_CATEGORY,
+    GroundTruthAgent,
     ScoreCache,
+    answer_spellings,
     clip,
     pick_indices,
     shared_prefix,
@@ -198,6 +200,12 @@ class VerifiersTasksetEnv:
         """The task data's text ``category`` field, else ``default``."""
         named = (case.get("task_data") or {}).get("category")
         return named if isinstance(named, str) and named else DEFAULT_CATEGORY
+
+    def reference_agent(self, seed: int = 0) -> GroundTruthAgent:
+        """Replies with the task data's ``answer`` field, bare or in an ``<answer>`` tag,
+        whichever the task's rewards pass (``GroundTruthAgent``)."""
+        return GroundTruthAgent(
+            self, lambda case: answer_spellings((case.get("task_data") or {}).get("answer")))
 
     # -- the reward --------------------------------------------------------------
 
