@@ -403,3 +403,21 @@ def test_sft_learns_from_the_ground_truth_and_dpo_says_why_it_cannot(tmp_path, c
                  "--runs-dir", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert "contrast" in error and "Traceback" not in error
+
+
+def test_a_starter_from_a_fixed_dataset_says_it_learns_the_holdout():
+    from posttrain.policy.hook_starter_data import HookStarterData
+
+    data = HookStarterData(get_env("verifiers:vf-arith?count=20"))
+    note = data.overlap_note(300, 0)
+    assert "writes a fixed set of 20 prompts (300 asked)" in note
+    assert "measures recall of their answers" in note
+
+
+@pytest.mark.slow
+def test_the_environments_own_starter_builds_from_its_ground_truth(capsys):
+    # the gate probes a verifiers environment's replies (it has no tool_call marker)
+    assert main(["model", "build", "--env", "verifiers:vf-arith?count=40"]) == 0
+    error = capsys.readouterr().err
+    assert "writes a fixed set of 40 prompts" in error and "Traceback" not in error
+    assert re.search(r"starter-vf-arith: build seed \d (meets|is outside) the spec", error)

@@ -148,6 +148,21 @@ class HookStarterData:
         assert has_hook(self.env, PromptWriter)
         return self.env.write_prompts(count, seed)
 
+    def overlap_note(self, situations: int, seed: int) -> str | None:
+        """A warning when the prompt writer holds a fixed set (a dataset: fewer prompts
+        than asked for): the starter then learns the very prompts a recipe holds out, so
+        its before/after numbers measure recall of their answers."""
+        if self.prompts_file is not None:
+            return None
+        written = len(self.records(situations, seed))
+        if written >= situations:
+            return None
+        return (f"note: environment {env_label(self.env)} writes a fixed set of {written} "
+                f"prompts ({situations} asked): the starter learns the prompts the recipes "
+                "hold out, so a run on it measures recall of their answers, not the rule "
+                "learned; build it from --prompts-file prompts apart from your evaluation "
+                "set, or bring a model")
+
     def dialogues(self, mix: RightShare, situations: int, data_seed: int
                   ) -> list[dict[str, Any]]:
         """Warm-start rows ``{"prompt", "category", "behaviour", "reply", "right_reply",

@@ -616,6 +616,10 @@ def build_from_scratch(
     started = time.monotonic()
     data = starter_data(recipe.env, recipe.prompts_file)
     rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
+    # a rule's own hand-written data has no such note; one built from hooks may
+    overlap = getattr(data, "overlap_note", None)
+    if callable(overlap) and (note := overlap(recipe.corpus_situations, recipe.data_seed)):
+        _say(note)
     texts = [data.render(row) for row in rows]
     tokenizer = train_tokenizer(texts, recipe.vocab_size, data.isolated_words(rows))
     tokenizer_seconds = time.monotonic() - started

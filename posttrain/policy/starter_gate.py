@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from posttrain.envs.base import PromptWriter, has_hook
+from posttrain.envs.wire import parse_tool_call
 from posttrain.policy.copy_circuit import id_copy_rate
 from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
 from posttrain.policy.models import Policy
@@ -119,6 +120,15 @@ def probe_prompts(env: Any, data: Any = None) -> list[dict[str, Any]]:
     return data.records(PROBE_SITUATIONS, PROBE_SEED)
 
 
+def _made_a_call(row: dict[str, Any]) -> float:
+    """The row's ``tool_call`` marker, or (an environment without that marker: one another
+    library wrote) whether the reply holds a ``<tool_call>`` block."""
+    marker = row["markers"].get("tool_call")
+    if marker is not None:
+        return float(marker)
+    return float(parse_tool_call(row["reply"]) is not None)
+
+
 def probe_policy(model: Any, tokenizer: Any, env: Any, data: Any) -> StarterProbe:
     """Probe a starter model (module docstring) on ``env``, with its starter ``data``.
     Leaves the model in eval mode."""
@@ -135,9 +145,7 @@ def probe_policy(model: Any, tokenizer: Any, env: Any, data: Any) -> StarterProb
         if not group:
             continue
         pass_rate[category] = round(sum(row["reward"] for row in group) / len(group), 4)
-        tool_rate[category] = round(
-            sum(row["markers"]["tool_call"] for row in group) / len(group), 4
-        )
+        tool_rate[category] = round(sum(_made_a_call(row) for row in group) / len(group), 4)
         prompts[category] = len(group) // PROBE_SAMPLES
     copied = round(copy_rate, 4) if copy_rate is not None else None
     return StarterProbe(copied, pass_rate, tool_rate, prompts)
