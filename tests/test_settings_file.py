@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -72,3 +73,37 @@ def test_a_bad_settings_file_is_refused_with_its_name_before_anything_runs(tmp_p
 def test_a_missing_settings_file_is_named(tmp_path):
     with pytest.raises(PosttrainError, match="no such file"):
         settings("grpo", GRPOSettings, "--config", str(tmp_path / "nope.toml"))
+
+
+def test_yaml_numbers_written_as_text_are_read_as_numbers(tmp_path):
+    # YAML 1.1 reads 1e-4 (no dot) as a string; it is how people write a learning rate
+    (tmp_path / "a.yaml").write_text("learning_rate: 1e-4\nbeta: '0.05'\n")
+    chosen = settings("grpo", GRPOSettings, "--config", str(tmp_path / "a.yaml"))
+    assert chosen.learning_rate == 1e-4 and chosen.beta == 0.05
+    (tmp_path / "b.yaml").write_text("learning_rate: nan\n")
+    with pytest.raises(PosttrainError, match="learning_rate: expected float"):
+        settings("grpo", GRPOSettings, "--config", str(tmp_path / "b.yaml"))
+
+
+def test_a_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "a.yaml"
+    path.write_bytes(b"\xff\xfesteps: 3\n")
+    assert main(["grpo", "--config", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert "a.yaml: not UTF-8 text (byte 0xff at offset 0)" in error
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly_and_its_error_stays_short(tmp_path, capsys):
+    # every level an anchor inside the value itself: 9**9 strings once expanded as text,
+    # a few hundred bytes on disk
+    levels = ["&a [x, x, x, x, x, x, x, x, x]"] + [
+        f"&{chr(98 + n)} [{', '.join(['*' + chr(97 + n)] * 9)}]" for n in range(8)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text(f"run_name: [{', '.join(levels)}]\n")
+    assert len(path.read_bytes()) < 600
+    started = time.monotonic()
+    assert main(["grpo", "--config", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert "run_name: expected str" in error
+    assert len(error.split("run_name: ", 1)[1]) < 200  # the value, cut short
+    assert time.monotonic() - started < 30  # it ran for minutes and gigabytes before

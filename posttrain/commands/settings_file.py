@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import reprlib
 import typing
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,29 @@ from posttrain.commands.dataclass_args import base_type
 from posttrain.errors import PosttrainError
 from posttrain.jsonl import strict_json_loads
 
+#: a number written as text (YAML 1.1 reads ``1e-4`` as a string; users write it so)
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# values echoed in errors are cut short: a YAML alias bomb is small on disk and huge as text
+def _short_repr() -> reprlib.Repr:
+    short = reprlib.Repr()  # Python 3.11's takes no keyword arguments
+    short.maxlevel, short.maxlist, short.maxdict = 2, 4, 4
+    short.maxstring = short.maxother = 60
+    return short
+
+
+_SHORT = _short_repr()
+
 
 def _read_mapping(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise PosttrainError(f"{path}: not UTF-8 text (byte {error.object[error.start]:#04x} "
+                             f"at offset {error.start}); save the settings as UTF-8") from None
+    except OSError as error:
+        raise PosttrainError(f"--config {str(path)!r}: cannot read it ({error.strerror})"
+                             ) from None
     try:
         if suffix == ".json":
             value = strict_json_loads(text)
@@ -70,13 +91,15 @@ def _check_value(path: Path, key: str, value: Any, annotation: Any) -> Any:
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif kind is float:
+        if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value.strip()):
+            value = float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
     else:
         ok = isinstance(value, str)
     if not ok:
         raise PosttrainError(f"{path}: {key}: expected {kind.__name__}"
-                             f"{' or nothing' if optional else ''}, got {value!r}")
+                             f"{' or nothing' if optional else ''}, got {_SHORT.repr(value)}")
     return value
 
 
