@@ -17,6 +17,7 @@ import time
 import pytest
 
 from posttrain.cli import main
+from posttrain.errors import PosttrainError
 from posttrain.runs.ops import LOST_AFTER_SECONDS, RunStillAlive
 from posttrain.runs.server import serve, start_in_thread
 from posttrain.runs.sqlite_store import SqliteRunStore
@@ -227,3 +228,71 @@ def test_runs_export_writes_the_whole_record_as_one_json_file(tmp_path, capsys):
     assert record["rows"]["holdout_before.jsonl"] == json.loads(json.dumps(rows))
     assert main(["runs", "export", "nosuch", "--runs-dir", str(runs_dir)]) == 2
     assert "no run named 'nosuch'" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_no_run_is_never_deleted(tmp_path, capsys):
+    """The second hostile probe: `runs delete src --runs-dir proj` (and the dashboard's
+    delete route) removed a source folder that was never a run."""
+    project = tmp_path / "proj"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    with SqliteRunStore(project / "posttrain.db") as store:  # `posttrain ui` made one
+        stale_run(store, "other")
+    assert main(["runs", "delete", "src", "--runs-dir", str(project)]) == 2
+    assert "is not a posttrain run" in capsys.readouterr().err
+    assert (project / "src" / "main.py").exists()
+    server = serve(project / "posttrain.db", port=0, token="tok")
+    thread = start_in_thread(server)
+    try:
+        status, answer = post(server, "/api/runs/src/delete", {})
+        assert status == 404 and "is not a posttrain run" in answer["error"]["message"]
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+    assert (project / "src" / "main.py").exists()
+    # a run's own folder (its config.json names a recipe) goes, with or without a record
+    (project / "orphan").mkdir()
+    (project / "orphan" / "config.json").write_text('{"recipe": "grpo", "settings": {}}')
+    assert main(["runs", "delete", "orphan", "--runs-dir", str(project)]) == 0
+    assert not (project / "orphan").exists()
+
+
+def test_a_delete_that_fails_part_way_keeps_the_record_to_retry(tmp_path, capsys, monkeypatch):
+    runs_dir = tmp_path / "runs"
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        stale_run(store, "stuck")
+    (runs_dir / "stuck").mkdir()
+    (runs_dir / "stuck" / "holdout_after.jsonl").write_text("{}\n")
+
+    def refuse(path, *args, **kwargs):  # what an immutable file (chattr +i) makes rmtree do
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr("posttrain.runs.removal.shutil.rmtree", refuse)
+    assert main(["runs", "delete", "stuck", "--runs-dir", str(runs_dir)]) == 2
+    error = capsys.readouterr().err
+    assert "could not remove" in error and "deleting 'stuck' again retries" in error
+    with SqliteRunStore(runs_dir / "posttrain.db") as store:
+        assert store.get_run("stuck") is not None  # the record waits for the retry
+    monkeypatch.undo()
+    assert main(["runs", "delete", "stuck", "--runs-dir", str(runs_dir)]) == 0
+    assert not (runs_dir / "stuck").exists()
+
+
+def test_overwrite_removes_only_a_run_folder(tmp_path, capsys):
+    from posttrain.runs.folder import RunFolder, create_run_folder
+
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep\n")
+    with pytest.raises(PosttrainError, match="is not a posttrain run"):
+        create_run_folder(RunFolder(mine), overwrite=True)
+    # the recipe says so before anything loads
+    assert main(["grpo", "--run-name", "notes", "--overwrite", "--runs-dir", str(tmp_path),
+                 "--base-model", "no-such-model"]) == 2
+    assert "--overwrite: " in capsys.readouterr().err
+    assert (mine / "todo.txt").exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"recipe": "grpo", "settings": {}}')
+    create_run_folder(RunFolder(run), overwrite=True)
+    assert run.is_dir() and not (run / "config.json").exists()

@@ -81,12 +81,33 @@ def check_new_run(root: Path, name: str, *, overwrite: bool = False) -> RunFolde
             f"run {name!r} already exists at {folder.path}: choose another --run-name, "
             "or pass --overwrite to replace it"
         )
+    if folder.path.exists() or folder.path.is_symlink():
+        _check_replaceable(folder.path)  # said before any model loads
     return folder
 
 
+def _check_replaceable(path: Path) -> None:
+    if path.is_symlink() or not is_run_folder(path):
+        raise PosttrainError(
+            f"--overwrite: {path} is not a posttrain run (no config.json naming a recipe), "
+            "so it is not removed: choose another --run-name or --runs-dir")
+
+
+def is_run_folder(path: Path) -> bool:
+    """Did posttrain make this folder for a run? Its ``config.json`` names a recipe and
+    its settings (what every run writes first). Destructive commands touch nothing else."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "recipe" in config and "settings" in config
+
+
 def create_run_folder(folder: RunFolder, *, overwrite: bool = False) -> RunFolder:
-    """Create the folder (an existing one is removed first when ``overwrite``)."""
+    """Create the folder (an existing run's is removed first when ``overwrite``; a folder
+    that is not a run's is never removed)."""
     if folder.path.exists() and overwrite:
+        _check_replaceable(folder.path)
         shutil.rmtree(folder.path)
     folder.path.mkdir(parents=True, exist_ok=False)
     return folder

@@ -2,7 +2,8 @@
 
 One function serves ``posttrain runs delete`` and the dashboard's delete button, so both
 refuse the same things: a run that is still alive (its next write would bring back a
-half-empty record) unless forced, and a name that could point outside the runs folder.
+half-empty record) unless forced, a name that could point outside the runs folder, and a
+folder posttrain did not make for a run (``runs.folder.is_run_folder``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.runs.ops import RunStoreError, check_run_name
+from posttrain.runs.folder import is_run_folder
+from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 
@@ -35,20 +37,40 @@ class DeletedRun:
 
 def delete_run(store: SqliteRunStore, runs_root: Path, name: str, *,
                force: bool = False) -> DeletedRun:
-    """Delete run ``name`` from ``store`` and remove ``<runs_root>/<name>/``.
+    """Delete run ``name``: ``<runs_root>/<name>/`` first, then its record in ``store`` (so a
+    removal that fails part-way leaves a record to delete again).
 
-    Raises ``RunStoreError`` when the name is unsafe, when neither a record nor a folder
-    exists, or when the run is still alive and ``force`` is False (nothing is removed then).
+    A folder is removed only when it is the run's: the store records the run, or the folder
+    holds a run's ``config.json`` (``is_run_folder``); with neither, nothing is deleted.
+    Raises ``RunStoreError`` when the name is unsafe, when there is no run of that name,
+    when the run is still alive and ``force`` is False, or when the folder cannot be
+    removed (the record is kept then).
     """
     check_run_name(name)
     folder = Path(runs_root) / name
     has_folder = folder.is_symlink() or folder.is_dir()
-    record = store.delete_run(name, force=force)  # refuses a live run before anything goes
-    if not record and not has_folder:
+    known = store.get_run(name)
+    if known is not None and known["status"] == "running" and not force:
+        raise RunStillAlive(
+            f"run {name!r} is still running; stop it first (Ctrl-C), wait until it shows as "
+            "lost, or force the deletion")
+    # a folder is the run's when posttrain recorded the run in this root's store, or wrote
+    # its config there; any other folder of that name is the user's and stays
+    is_run = has_folder and (known is not None or folder.is_symlink() or is_run_folder(folder))
+    if known is None and not is_run:
+        if has_folder:
+            raise NoSuchRun(f"{folder} is not a posttrain run (no record in {store.path}, no "
+                            "config.json naming a recipe): nothing was deleted")
         raise NoSuchRun(f"no run named {name!r} in {store.path} or {runs_root}")
-    if has_folder:
-        if folder.is_symlink():  # remove the link, never what it points at
-            folder.unlink()
-        else:
-            shutil.rmtree(folder)
-    return DeletedRun(name, record, folder if has_folder else None)
+    if is_run:
+        try:
+            if folder.is_symlink():  # remove the link, never what it points at
+                folder.unlink()
+            else:
+                shutil.rmtree(folder)
+        except OSError as error:
+            raise RunStoreError(
+                f"could not remove {folder} ({error.strerror or error}): part of it may be "
+                f"left; its record is kept, so deleting {name!r} again retries") from None
+    record = store.delete_run(name, force=True) if known is not None else False
+    return DeletedRun(name, record, folder if is_run else None)
