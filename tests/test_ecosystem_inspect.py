@@ -290,7 +290,7 @@ def test_a_model_graded_scorer_calls_the_env_judge_endpoint(tmp_path):
     from inspect_ai import eval as inspect_eval
     from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
-    from posttrain.envs.ecosystem.inspect_judge import PROVIDER
+    from posttrain.envs.ecosystem.inspect_judge import PROVIDER, register_provider
 
     def scripted(input, tools, tool_choice, config):
         output = ModelOutput.from_content(model="mockllm", content=odd_right(input[-1].text))
@@ -300,6 +300,7 @@ def test_a_model_graded_scorer_calls_the_env_judge_endpoint(tmp_path):
     Grader.asked = []
     with serving(Grader) as judge_url, serving(OddRight) as url:
         # inspect's own eval, the grader role bound to the same endpoint
+        register_provider()
         grader = get_model(f"{PROVIDER}/scripted-grader", base_url=judge_url, api_key="x")
         log = inspect_eval(inspect_cases.graded(), model="mockllm/model", display="none",
                            model_args={"custom_outputs": scripted},

@@ -46,6 +46,7 @@ from posttrain.envs.ecosystem.common import (
     pick_indices,
     shared_prefix,
 )
+from posttrain.envs.ecosystem.inspect_judge import graded_by, judge_model
 from posttrain.envs.ecosystem.spec import JudgeEndpoint
 from posttrain.errors import PosttrainError
 
@@ -184,9 +185,6 @@ class InspectEnv:
             raise PosttrainError(why)
         self._judge = None
         if judge is not None:
-            # imports inspect_ai at its top: only when a judge is asked for
-            from posttrain.envs.ecosystem.inspect_judge import judge_model
-
             self._judge = judge_model(judge)
         self.name = _short_name(self.task.name)
         self.tools: list[dict[str, Any]] = []
@@ -337,9 +335,6 @@ class InspectEnv:
 
         if self._judge is None:
             return run_sync(score_all())
-        # imports inspect_ai at its top: only when a judge is asked for
-        from posttrain.envs.ecosystem.inspect_judge import graded_by
-
         return run_sync(graded_by(self._judge, score_all()))
 
     def conversation(self, reply: str, case: Case) -> tuple[list[Any], str]:

@@ -32,7 +32,12 @@ from posttrain.envs.ecosystem.inspect_env import (
     _solvers,
 )
 from posttrain.envs.ecosystem.spec import JudgeEndpoint
-from posttrain.envs.ecosystem.tool_desk import ToolDesk, tool_desk_class, turn_text
+from posttrain.envs.ecosystem.tool_desk import (
+    ToolDesk,
+    tool_desk_class,
+    turn_text,
+    with_system,
+)
 from posttrain.envs.wire import WIRE_FORMAT, parse_tool_calls, split_turns
 from posttrain.errors import PosttrainError
 
@@ -86,12 +91,7 @@ class InspectToolEnv(InspectEnv):
         self._probe_scorers()
 
     def messages_for(self, prompt: str) -> Messages:
-        messages = InspectEnv.messages_for(self, prompt)
-        system = [m for m in messages if m["role"] == "system"]
-        if system:
-            system[0]["content"] = self.system
-            return messages
-        return [{"role": "system", "content": self.system}, *messages]
+        return with_system(InspectEnv.messages_for(self, prompt), self.system)
 
     def new_desk(self, case: Case) -> ToolDesk:
         """A fresh episode: the task's tools, nothing called yet."""

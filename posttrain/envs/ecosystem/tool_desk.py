@@ -43,6 +43,16 @@ class ToolDesk:
         return text
 
 
+def with_system(messages: list[dict[str, str]], system: str) -> list[dict[str, str]]:
+    """``messages`` with ``system`` as their system message (added first when none):
+    a tool environment's prompt lists its tools and the wire format there."""
+    for message in messages:
+        if message["role"] == "system":
+            message["content"] = system
+            return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
 def turn_text(turn: str) -> str:
     """A turn's prose without its ``<tool_call>`` blocks (the calls travel as tool_calls)."""
     head = turn.split(TOOL_CALL_OPEN, 1)[0]

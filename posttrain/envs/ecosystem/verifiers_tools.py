@@ -28,7 +28,12 @@ from typing import Any
 
 from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
-from posttrain.envs.ecosystem.tool_desk import ToolDesk, tool_desk_class, turn_text
+from posttrain.envs.ecosystem.tool_desk import (
+    ToolDesk,
+    tool_desk_class,
+    turn_text,
+    with_system,
+)
 from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers
 from posttrain.envs.wire import WIRE_FORMAT, parse_tool_calls, split_turns
 
@@ -53,12 +58,7 @@ class VerifiersToolEnv(VerifiersEnv):
             f"Tools:\n{listed}\n\n{WIRE_FORMAT}"
 
     def messages_for(self, prompt: str) -> Messages:
-        messages = super().messages_for(prompt)
-        system = [m for m in messages if m["role"] == "system"]
-        if system:
-            system[0]["content"] = self.system
-            return messages
-        return [{"role": "system", "content": self.system}, *messages]
+        return with_system(super().messages_for(prompt), self.system)
 
     def new_desk(self, case: Case) -> ToolDesk:
         """A fresh episode: the environment's tools, nothing called yet."""
