@@ -8,7 +8,13 @@ from __future__ import annotations
 
 
 class PosttrainError(Exception):
-    """A problem with the user's input or set-up, explained in the message."""
+    """A problem with the user's input or set-up, explained in the message.
+
+    ``http_status``: what an HTTP server answers when a handler raises one and nothing
+    nearer maps it (a damaged run store: 503; None: not an answer, a bug: 500).
+    """
+
+    http_status: int | None = None
 
 
 class InputFileError(PosttrainError, ValueError):

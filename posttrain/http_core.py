@@ -29,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import socket
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -40,12 +41,15 @@ from urllib.parse import parse_qs
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import foreign_request, is_loopback
 from posttrain.jsonl import strict_json_loads, to_jsonable
+from posttrain.text import echo
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this, a refused body is not drained: the client is cut
 READ_TIMEOUT_SECONDS = 30.0
 TOKEN_HINT = "send 'Authorization: Bearer <token>' with the server's token (POSTTRAIN_TOKEN)"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# what a numeric query parameter may look like: ASCII decimal, no NaN, no digit separators
+PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 class HttpError(Exception):
@@ -72,6 +76,51 @@ class Request:
         """The first value of query parameter ``name``, or ``default``."""
         values = self.query.get(name)
         return values[0] if values else default
+
+    def int_param(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        """Query parameter ``name`` as a whole number in ``[low, high]`` (``default`` when
+        absent or empty); ``HttpError(400)`` naming the parameter otherwise. ``high`` is
+        required so that no value reaches SQLite or a loop unbounded (int64 overflows)."""
+        raw = self.param(name)
+        if raw is None or raw.strip() == "":
+            return default
+        text = raw.strip()
+        if len(text) > 20 or not text.lstrip("+-").isdecimal():  # isdecimal: ASCII and more
+            raise HttpError(400, f"query parameter {name!r} must be a whole number, "
+                                 f"got {echo(raw)}")
+        try:
+            value = int(text)
+        except ValueError:  # other scripts' digits (isdecimal takes them; int may not)
+            raise HttpError(400, f"query parameter {name!r} must be a whole number, "
+                                 f"got {echo(raw)}") from None
+        if not low <= value <= high:
+            raise HttpError(400, f"query parameter {name!r} must be between {low} and "
+                                 f"{high}, got {value}")
+        return value
+
+    def choice_param(self, name: str, default: str, choices: Sequence[str]) -> str:
+        """Query parameter ``name``, one of ``choices``; ``HttpError(400)`` otherwise."""
+        value = self.param(name, default) or default
+        if value not in choices:
+            raise HttpError(400, f"query parameter {name!r} must be one of "
+                                 f"{', '.join(choices)}, got {echo(value)}")
+        return value
+
+    def number_param(self, name: str, default: float, low: float, high: float) -> float:
+        """Query parameter ``name`` as a plain decimal number in ``[low, high]`` (``default``
+        when absent or empty); ``HttpError(400)`` naming the parameter otherwise: ``nan``,
+        ``inf``, ``1_0`` and other scripts' digits are not numbers here, and a huge one
+        (``1e999``) is out of range."""
+        raw = self.param(name)
+        if raw is None or raw.strip() == "":
+            return default
+        if not PLAIN_NUMBER.fullmatch(raw.strip()):
+            raise HttpError(400, f"query parameter {name!r} must be a number, got {echo(raw)}")
+        value = float(raw)
+        if not low <= value <= high:
+            raise HttpError(400, f"query parameter {name!r} must be between {low:g} and "
+                                 f"{high:g}, got {echo(raw)}")
+        return value
 
     def json(self, *, empty: Any = None) -> Any:
         """The body parsed as strict JSON (no NaN, Infinity or 1e400); an empty body gives
@@ -148,6 +197,9 @@ class Rules:
     read_timeout_s: float = READ_TIMEOUT_SECONDS
     name: str = "posttrain server"  # for the lines it logs
     verbose: bool = False  # log every request (uvicorn's access log)
+    #: what the message of a 500 may show of a bug's text (stderr gets all of it): the
+    #: service hides its folders' absolute paths with it
+    public_text: Callable[[str], str] = lambda text: text
 
 
 def token_ok(headers: Mapping[str, str], token: str | None) -> bool:
@@ -284,13 +336,18 @@ def endpoint(handler: Handler, rules: Rules) -> Any:
             response = await run_in_threadpool(handler, ours)
         except HttpError as error:
             response = error_response(error.status, error.message)
-        except Exception as error:  # a bug, not bad input: answer it, log it, keep serving
-            import traceback
+        except Exception as error:
+            status = error.http_status if isinstance(error, PosttrainError) else None
+            if status is not None:  # a known state of the server (a damaged store): said
+                response = error_response(status, rules.public_text(str(error)))
+            else:  # a bug, not bad input: answer it, log it, keep serving
+                import traceback
 
-            print(f"{rules.name}: {request.method} {request.url.path}: "
-                  f"{type(error).__name__}: {error}", file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
-            response = error_response(500, f"internal error: {type(error).__name__}: {error}")
+                print(f"{rules.name}: {request.method} {request.url.path}: "
+                      f"{type(error).__name__}: {error}", file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
+                response = error_response(500, rules.public_text(
+                    f"internal error: {type(error).__name__}: {error}"))
         return StarletteResponse(response.body, response.status,
                                  {"cache-control": "no-store", **response.headers},
                                  media_type=response.content_type)

@@ -1,4 +1,5 @@
-"""Text helpers every floor may use: folding and word-set similarity of prompts.
+"""Text helpers every floor may use: folding and word-set similarity of prompts, and
+the short form of a value that an error message may echo.
 
 They sit below the environments because a rule's own prompt writer dedupes and
 filters with the same measures the data layer uses on any prompt file.
@@ -7,6 +8,8 @@ filters with the same measures the data layer uses on any prompt file.
 from __future__ import annotations
 
 import re
+import reprlib
+from typing import Any
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -32,3 +35,19 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
+
+
+def _short_repr() -> reprlib.Repr:
+    short = reprlib.Repr()  # Python 3.11's takes no keyword arguments
+    short.maxlevel, short.maxlist, short.maxdict = 2, 4, 4
+    short.maxstring = short.maxother = 60
+    return short
+
+
+_SHORT = _short_repr()
+
+
+def echo(value: Any) -> str:
+    """``repr(value)`` cut short: what an error may quote of input it refuses. A query
+    parameter, a config value or a YAML alias bomb can be huge; the message stays a line."""
+    return _SHORT.repr(value)

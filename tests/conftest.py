@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated, offline models folder and the starter-2m policy.
+"""Shared fixtures: an isolated, offline models folder, the starter-2m policy, and what
+the service's tests share (their own load of starter-2m, one torch thread).
 
 Every test session gets its own models folder (``POSTTRAIN_MODELS``) so tests
 never read or write the user's cache, and ``HF_HUB_OFFLINE=1`` so nothing tries
@@ -54,6 +55,26 @@ def starter_2m(starter_2m_folder: Path):
     from posttrain.policy.loading import load_policy
 
     return load_policy("starter-2m", show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def policy(starter_2m_folder: Path):
+    """A load of starter-2m of the test module's own, for the service's engines (runs
+    attach adapters to it, which the shared ``starter_2m`` must never get)."""
+    from posttrain.policy.loading import load_policy
+
+    return load_policy("starter-2m", device="cpu", show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: on a busy 2-core machine a 2-thread OpenMP team stalls at every
+    barrier (see posttrain.service.engine.compute). Restored afterwards for other modules."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield 1
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -36,23 +36,6 @@ ADAM = AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_de
 
 
 @pytest.fixture(scope="module")
-def policy(starter_2m_folder):
-    """Our own load of starter-2m (the conftest's shared policy must not get adapters)."""
-    from posttrain.policy.loading import load_policy
-
-    return load_policy(BASE, device="cpu", show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """One intra-op thread: on a busy 2-core machine a 2-thread OpenMP team stalls at every
-    barrier (see posttrain.service.engine.compute). Restored afterwards for other test files."""
-    before = torch.get_num_threads()
-    yield 1
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
 def server(policy, tmp_path_factory, one_torch_thread):
     engine = Engine(BASE, tmp_path_factory.mktemp("state"), policy=policy, reap_interval_s=0.1,
                     limits=Limits(max_body_bytes=1 << 20), torch_threads=one_torch_thread)

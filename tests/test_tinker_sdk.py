@@ -46,20 +46,6 @@ def sdk_environment():
 
 
 @pytest.fixture(scope="module")
-def policy(starter_2m_folder):
-    from posttrain.policy.loading import load_policy
-
-    return load_policy(BASE, device="cpu", show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    yield 1
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
 def server(policy, tmp_path_factory, one_torch_thread):
     # 2 datums per request at most: the client config tells the SDK so, and it splits a
     # bigger batch into chunks sent at once (first chunk last), as it does at 1024

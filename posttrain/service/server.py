@@ -23,6 +23,7 @@ from posttrain.http_core import check_bind as check_core_bind
 from posttrain.interrupts import interruptible
 from posttrain.service.engine.engine import Engine
 from posttrain.service.engine.requests import Limits
+from posttrain.service.protocols.long_polls import LongPollGate
 from posttrain.service.protocols.native.routes import PREFIX, service_routes
 from posttrain.service.protocols.openai.routes import openai_routes
 from posttrain.service.protocols.tinker.routes import TinkerService, tinker_available
@@ -76,10 +77,13 @@ def start_server(
     server = HttpServer(host, port, Rules(token=token or None,
                                           max_body_bytes=engine.limits.max_body_bytes,
                                           read_timeout_s=read_timeout_s,
-                                          name="posttrain serve", verbose=verbose))
-    routes = [*service_routes(engine), *openai_routes(engine)]
+                                          name="posttrain serve", verbose=verbose,
+                                          public_text=engine.public_text))
+    # one cap on long polls for every wing: they all hold threads of the same pool
+    long_polls = LongPollGate.from_limits(engine.limits)
+    routes = [*service_routes(engine, long_polls), *openai_routes(engine)]
     if tinker_available():
-        routes += TinkerService(engine).routes()
+        routes += TinkerService(engine, long_polls=long_polls).routes()
     for method, path, handler in routes:
         server.add_route(method, path, handler)
     return RunningServer(server, engine)

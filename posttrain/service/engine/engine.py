@@ -20,6 +20,7 @@ requests (``posttrain.service.engine.requests``), never a wire format. What it g
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -31,7 +32,14 @@ from posttrain.policy.loading import load_policy
 from posttrain.service.engine import checks, state
 from posttrain.service.engine.capabilities import PRIMITIVES, capabilities_of
 from posttrain.service.engine.compute import ComputeThread
-from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from posttrain.service.engine.errors import (
+    BadRequest,
+    Conflict,
+    Damaged,
+    NotFound,
+    TooManyRequests,
+    hide_folders,
+)
 from posttrain.service.engine.lora_model import (
     LoraModel,
     linear_module_names,
@@ -84,6 +92,7 @@ class Engine:
         self._sessions = Sessions(self._lock, clock, self._cancel_runs_of)
         self._runs: dict[str, Run] = {}
         self._operations: dict[str, Operation] = {}
+        self._damaged_runs: dict[str, state.DamagedRecord] = {}
         self._stopping = threading.Event()
         self._load_run_records()
         self._reaper = threading.Thread(
@@ -191,6 +200,7 @@ class Engine:
             max_queued=self.limits.max_queued_operations,
             max_ahead=self.limits.max_seq_ahead,
             created_at=created_at,
+            public_text=self.public_text,
         )
 
     def new_lora_model(self, spec: LoraSpec) -> LoraModel:
@@ -268,6 +278,9 @@ class Engine:
     def _run(self, run_id: str) -> Run:
         with self._lock:
             run = self._runs.get(run_id)
+            damaged = self._damaged_runs.get(run_id)
+        if damaged is not None:
+            raise Damaged(damaged.message())
         if run is None:
             raise NotFound(f"no run {run_id!r}")
         return run
@@ -278,6 +291,27 @@ class Engine:
         with self._lock:
             return {run_id: run.model for run_id, run in self._runs.items()
                     if run.model is not None}
+
+    def damaged_runs(self) -> list[dict[str, str]]:
+        """The runs whose ``run.json`` could not be read at start-up: ``run_id``, ``file``
+        (relative to the state folder) and ``message``."""
+        with self._lock:
+            return [{"run_id": run_id, "file": damaged.file, "message": damaged.message()}
+                    for run_id, damaged in self._damaged_runs.items()]
+
+    def public_text(self, text: str) -> str:
+        """``text`` (an exception's message bound for a client) without this server's
+        folders: a path under the state folder reads relative to it, the base model's
+        folder as ``<base model name>``, the home folder as ``~``."""
+        folders = {str(Path.home()): "~"}
+        for folder in {self.state_dir, self.state_dir.resolve()}:
+            folders[f"{folder}/"] = ""
+            folders[str(folder)] = "the state folder"
+        model_folder = getattr(self.policy, "source", None)
+        if model_folder:
+            for folder in {Path(model_folder), Path(model_folder).resolve()}:
+                folders[str(folder)] = f"<{self.base_model}>"
+        return hide_folders(text, folders)
 
     def run_ids(self) -> list[str]:
         """Every run this engine knows, live, terminal or dormant."""
@@ -328,7 +362,12 @@ class Engine:
         return {**run.describe(), "resumed_from": dict(run.last_state)}
 
     def _load_run_records(self) -> None:
-        for record in state.read_run_records(self.state_dir):
+        records, damaged = state.read_run_records(self.state_dir)
+        for entry in damaged:
+            # said once, here; a client asking for the run gets the same message (a 409)
+            print(f"posttrain service: {entry.message()}", file=sys.stderr, flush=True)
+            self._damaged_runs[entry.run_id] = entry
+        for record in records:
             if record.get("base_model") != self.base_model:
                 continue
             run = self._new_run(

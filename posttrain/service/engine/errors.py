@@ -45,6 +45,13 @@ class Conflict(ServiceError):
     status = 409
 
 
+class Damaged(ServiceError):
+    """A run's record on disk cannot be read (409): the run exists, and is served again
+    once its file is fixed or removed and the server restarted."""
+
+    status = 409
+
+
 class TooLarge(ServiceError):
     """The body or one of its lists is over a published limit (413)."""
 
@@ -55,3 +62,15 @@ class TooManyRequests(ServiceError):
     """A run's queue or the server's run table is full (429); retry later."""
 
     status = 429
+
+
+def hide_folders(text: str, folders: dict[str, str]) -> str:
+    """``text`` with every absolute folder in ``folders`` replaced by its public name
+    (longest folder first, so a folder inside another is named by the nearer one).
+
+    What an exception says (``No such file or directory: /home/.../runs/x/...``) reaches
+    clients in failed operations and 500s; the server's layout must not (docs/security.md)."""
+    for folder in sorted(folders, key=len, reverse=True):
+        if folder:
+            text = text.replace(folder, folders[folder])
+    return text

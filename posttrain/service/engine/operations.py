@@ -100,6 +100,8 @@ class OrderedQueue:
     operation with the exception's message. ``after(operation)`` runs after each
     operation (the run uses it to stop on ``finish`` or on a failure that ends the run);
     ``on_stop()`` runs on the worker thread when it exits, whatever the reason.
+    ``public_text(message)`` is what a failure's message may show (the engine's hides its
+    folders).
     """
 
     def __init__(
@@ -112,9 +114,11 @@ class OrderedQueue:
         first_seq: int = 1,
         max_queued: int = 1024,
         max_ahead: int = 1024,
+        public_text: Callable[[str], str] = lambda text: text,
     ):
         self.run_id = run_id
         self._execute = execute
+        self._public_text = public_text
         self._after = after
         self._on_stop = on_stop
         self._max_queued = max_queued
@@ -305,7 +309,8 @@ class OrderedQueue:
                 result = self._execute(operation)
             except Exception as error:  # the operation fails; the worker keeps going
                 category = "user" if isinstance(error, CALLER_ERRORS) else "server"
-                operation.finish("failed", error=str(error) or type(error).__name__,
+                operation.finish("failed",
+                                 error=self._public_text(str(error) or type(error).__name__),
                                  error_category=category)
             else:
                 operation.finish("succeeded", result=result)

@@ -37,6 +37,12 @@ class Limits:
     max_queued_operations: int = field(default=1024, metadata={"help": "queued operations per run"})
     max_lora_rank: int = field(default=128, metadata={"help": "largest LoRA rank"})
     max_wait_s: float = field(default=30.0, metadata={"help": "longest long-poll of an operation"})
+    max_long_polls: int = field(default=24, metadata={
+        "help": "long polls (an operation's ?wait=, tinker's retrieve_future) held for their "
+        "whole wait at once; the ones past it wait at most crowded_poll_s, so polls never "
+        "hold all of the server's 40 request threads"})
+    crowded_poll_s: float = field(default=1.0, metadata={
+        "help": "longest wait of a long poll past max_long_polls"})
     max_seq_ahead: int = field(
         default=1024, metadata={"help": "how far a sequence number may run ahead of execution"}
     )

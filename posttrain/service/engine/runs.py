@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,10 @@ class Run:
         max_queued: int,
         max_ahead: int,
         created_at: float | None = None,
+        public_text: Callable[[str], str] = lambda text: text,
     ):
         self.run_id = run_id
+        self.public_text = public_text  # what a failed operation's message may show
         self.session_id = session_id
         self.spec = spec
         self.state_dir = state_dir
@@ -81,6 +84,7 @@ class Run:
             first_seq=first_seq,
             max_queued=self._max_queued,
             max_ahead=self._max_ahead,
+            public_text=self.public_text,
         )
         self.save_record()
 

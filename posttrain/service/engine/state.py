@@ -20,12 +20,13 @@ import json
 import shutil
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from posttrain.atomic import write_text_atomic
 from posttrain.service.engine.requests import LoraSpec
+from posttrain.text import echo
 
 STATE_FORMAT = 1
 
@@ -40,15 +41,65 @@ def write_run_record(state_dir: Path, record: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-def read_run_records(state_dir: Path) -> list[dict[str, Any]]:
-    """Every readable ``run.json`` under ``state_dir``, oldest first; unreadable ones skipped."""
-    records = []
+@dataclass(frozen=True)
+class DamagedRecord:
+    """A ``run.json`` that cannot be read as a run's record."""
+
+    run_id: str  # its folder's name
+    file: str  # relative to the state folder: ``runs/<run_id>/run.json``
+    problem: str  # what is wrong with it, one short line
+
+    def message(self) -> str:
+        """What a client asking for the run, and the start-up log, are told."""
+        return (f"run {self.run_id}'s state file {self.file} is damaged: {self.problem}; "
+                "fix or remove that file, then restart the server")
+
+
+def record_problem(record: Any, run_id: str) -> str | None:
+    """What keeps ``record`` (a parsed ``run.json`` in folder ``run_id``) from being a run's
+    record, or None: the fields a restarted engine reads, with their types."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    if record.get("run_id") != run_id:
+        return f"run_id {echo(record.get('run_id'))} is not its folder's name"
+    for key in ("base_model", "status"):
+        if not isinstance(record.get(key), str):
+            return f"{key}: expected a string, got {echo(record.get(key))}"
+    if not isinstance(record.get("created_at", 0), (int, float)):
+        return f"created_at: expected a number, got {echo(record.get('created_at'))}"
+    last = record.get("last_state")
+    if last is not None and not (isinstance(last, dict) and isinstance(last.get("name"), str)
+                                 and isinstance(last.get("seq"), int)):
+        return "last_state: expected null or {\"name\", \"seq\", ...}"
+    try:
+        lora_from_json(record.get("lora"))
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        return f"lora: expected {{rank, alpha, target_modules, seed}} ({type(error).__name__})"
+    return None
+
+
+def read_run_records(state_dir: Path) -> tuple[list[dict[str, Any]], list[DamagedRecord]]:
+    """Every ``run.json`` under ``state_dir``: the run records, oldest first, and the files
+    that are not one (not UTF-8, not JSON, a field missing or of the wrong type), each with
+    what is wrong. A damaged file is reported, never skipped: its run would vanish."""
+    records, damaged = [], []
     for path in sorted((state_dir / "runs").glob("*/run.json")):
+        run_id = path.parent.name
+        file = f"runs/{run_id}/run.json"  # never the absolute path: clients read this
         try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+            # the decoder's message says where (line, column), never what the file holds
+            problem = (f"not UTF-8 JSON ({error})" if isinstance(error, ValueError)
+                       else f"unreadable ({type(error).__name__})")
+            damaged.append(DamagedRecord(run_id, file, problem))
             continue
-    return sorted(records, key=lambda r: r.get("created_at", 0))
+        problem = record_problem(record, run_id)
+        if problem is not None:
+            damaged.append(DamagedRecord(run_id, file, problem))
+            continue
+        records.append(record)
+    return sorted(records, key=lambda r: r.get("created_at", 0)), damaged
 
 
 def lora_from_json(value: dict[str, Any]) -> LoraSpec:

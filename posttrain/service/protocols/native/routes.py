@@ -16,7 +16,8 @@ Endpoints (JSON in, JSON out; errors are ``{"error": {"status", "message"}}``)::
     POST /v1/training/runs/<id>/cancel
     POST /v1/training/runs/<id>/resume          {"session_id"}
     POST /v1/training/runs/<id>/<primitive>     {"seq"?, ...}: 202 + operation (200 on a retry)
-    GET  /v1/training/operations/<id>?wait=<s>  long-poll until the operation ends (or wait s)
+    GET  /v1/training/operations/<id>?wait=<s>  long-poll until the operation ends (or wait s;
+                                                 past max_long_polls waiting, crowded_poll_s)
 
 Every route parses its JSON body here (``posttrain.service.protocols.native.parsing``)
 into the engine's typed requests; the engine's errors become the core's error envelope.
@@ -31,9 +32,10 @@ from typing import Any
 from posttrain.http_core import HttpError, Request, Response, json_response
 from posttrain.service.engine.capabilities import PRIMITIVES
 from posttrain.service.engine.engine import Engine
-from posttrain.service.engine.errors import BadRequest, NotFound, ServiceError
+from posttrain.service.engine.errors import NotFound, ServiceError
 from posttrain.service.engine.operations import fingerprint
 from posttrain.service.protocols.json_bodies import body_of
+from posttrain.service.protocols.long_polls import LongPollGate
 from posttrain.service.protocols.native.parsing import (
     parse_create_run,
     parse_detokenize,
@@ -47,6 +49,9 @@ from posttrain.service.schema import API_PREFIX
 
 PREFIX = API_PREFIX
 ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# ?wait= above this is a mistake, not a long poll: refused. Below it, a wait is cut to the
+# engine's max_wait_s (30 s by default), as the endpoint table says.
+LONGEST_WAIT_ASKED_S = 3600.0
 
 
 def service_call(call: Callable[[Request], tuple[int, Any]]) -> Callable[[Request], Response]:
@@ -66,8 +71,11 @@ def service_call(call: Callable[[Request], tuple[int, Any]]) -> Callable[[Reques
     return handle
 
 
-def service_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], Response]]]:
-    """(method, path, handler) of every endpoint."""
+def service_routes(engine: Engine, long_polls: LongPollGate | None = None
+                   ) -> list[tuple[str, str, Callable[[Request], Response]]]:
+    """(method, path, handler) of every endpoint; operation waits go through ``long_polls``
+    (the server's gate, which its other wings share; by default one from the limits)."""
+    long_polls = long_polls or LongPollGate.from_limits(engine.limits)
 
     def ok(payload: Any) -> tuple[int, Any]:
         return 200, payload
@@ -102,14 +110,9 @@ def service_routes(engine: Engine) -> list[tuple[str, str, Callable[[Request], R
         return (202 if created else 200), operation
 
     def poll(request: Request) -> tuple[int, Any]:
-        raw = request.param("wait", "0") or "0"
-        try:
-            wait = float(raw)
-        except ValueError:
-            raise BadRequest(f"wait: expected seconds, got {raw!r}") from None
-        if not 0 <= wait < float("inf"):
-            raise BadRequest(f"wait: expected seconds >= 0, got {raw!r}")
-        return ok(engine.get_operation(request.match["operation_id"], wait))
+        wait_s = request.number_param("wait", 0.0, 0.0, LONGEST_WAIT_ASKED_S)
+        with long_polls.admit(wait_s) as allowed_s:
+            return ok(engine.get_operation(request.match["operation_id"], allowed_s))
 
     table: list[tuple[str, str, Callable[[Request], tuple[int, Any]]]] = [
         ("GET", "/health", lambda r: ok({"status": "ok"})),

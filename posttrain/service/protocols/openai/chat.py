@@ -337,6 +337,22 @@ def choice_of(index: int, completion: Any, request: ChatRequest, tokenizer: Any
     return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
 
 
+def completion_budget(prompt_tokens: int, asked: int | None, context: int) -> int:
+    """How many tokens the reply may have: ``asked`` (``max_tokens``), or up to
+    ``DEFAULT_MAX_TOKENS`` of what the context leaves when None. ``BadRequest`` when the
+    prompt leaves no room, or less than ``asked``; the message gives counts, never text."""
+    room = context - prompt_tokens
+    if room < 1:
+        raise BadRequest(f"messages: the prompt is {prompt_tokens} tokens, longer than the "
+                         f"model's context of {context} tokens (with room for at least one "
+                         "more); shorten the messages")
+    if asked is not None and asked > room:
+        raise BadRequest(f"max_tokens: the prompt is {prompt_tokens} tokens, so at most "
+                         f"{room} more fit the model's context of {context} tokens; got "
+                         f"{asked}")
+    return asked if asked is not None else min(DEFAULT_MAX_TOKENS, room)
+
+
 def complete(engine: Any, models: ChatModels, body: Any) -> dict[str, Any]:
     """Answer one ``/v1/chat/completions`` body."""
     request = parse_chat_request(body, engine.limits.max_sequence_tokens)
@@ -344,11 +360,7 @@ def complete(engine: Any, models: ChatModels, body: Any) -> dict[str, Any]:
     tokenizer = engine.policy.tokenizer
     prompt = render_prompt(tokenizer, request.messages, request.tools)
     context = engine.limits.max_sequence_tokens
-    room = context - len(prompt)
-    max_tokens = request.max_tokens or min(DEFAULT_MAX_TOKENS, room)
-    if room < 1 or max_tokens > room:
-        raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {max_tokens} "
-                         f"exceed the model's {context} tokens")
+    max_tokens = completion_budget(len(prompt), request.max_tokens, context)
     seed = request.seed if request.seed is not None else random.SystemRandom().randrange(2**62)
     stops = tuple(dict.fromkeys((*request.stop, *((TOOL_CALL_END,) if request.tools else ()))))
     params = SamplingParams(temperature=request.temperature, top_p=request.top_p,

@@ -122,9 +122,10 @@ def operation_waiter(engine: Any, operation_id: str,
     return wait
 
 
-def task_waiter(work: Callable[[], Answer]) -> Waiter:
+def task_waiter(work: Callable[[], Answer], *, public_text: Callable[[str], str]) -> Waiter:
     """Start ``work`` on a daemon thread now; the waiter waits for its answer. An exception
-    it raises becomes a failure answer (``failure_category`` decides who is to blame).
+    it raises becomes a failure answer (``failure_category`` decides who is to blame)
+    whose message is ``public_text`` of the exception's (the engine's hides its folders).
 
     A daemon thread, not a pool: work blocked on a compute thread that has stopped must not
     keep the interpreter from exiting."""
@@ -136,7 +137,7 @@ def task_waiter(work: Callable[[], Answer]) -> Waiter:
         except ServiceError as error:
             outcome.set_result(Answer.failure(error.message, failure_category(error)))
         except Exception as error:
-            outcome.set_result(Answer.failure(str(error) or type(error).__name__,
+            outcome.set_result(Answer.failure(public_text(str(error) or type(error).__name__),
                                               failure_category(error)))
 
     threading.Thread(target=run, name="tinker-task", daemon=True).start()

@@ -31,6 +31,7 @@ from typing import Any
 
 from posttrain.http_core import HttpError, Request, Response, json_bytes, json_response
 from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, ServiceError
+from posttrain.service.protocols.long_polls import LongPollGate
 from posttrain.service.protocols.tinker.futures import Answer, FutureStore, digest_of, task_waiter
 from posttrain.service.protocols.tinker.proto import ProtoError
 from posttrain.service.protocols.tinker.requests import (
@@ -43,6 +44,7 @@ from posttrain.service.protocols.tinker.requests import (
 )
 from posttrain.service.protocols.tinker.sampling import SamplerSource, TinkerSampling
 from posttrain.service.protocols.tinker.training import TinkerTraining
+from posttrain.text import echo
 
 PREFIX = "/api/v1"
 
@@ -53,17 +55,12 @@ class TinkerSettings:
 
     long_poll_s: float = field(default=25.0, metadata={
         "help": "longest wait of one retrieve_future before a 408 try-again (the SDK's poll "
-        "times out at 45 s)"})
+        "times out at 45 s); how many wait at once is the server's long-poll gate's "
+        "(posttrain.service.protocols.long_polls)"})
     session_timeout_s: float = field(default=600.0, metadata={
         "help": "a session silent this long is reaped (the SDK heartbeats every 10 s)"})
     max_pending_samples: int = field(default=512, metadata={
         "help": "asample requests waiting at once; past it the SDK is told 429 and backs off"})
-    max_long_polls: int = field(default=24, metadata={
-        "help": "retrieve_future calls held for the whole long poll at once; the ones past it "
-        "are answered within crowded_poll_s, so polls never hold all of the server's request "
-        "threads (40) while a submission they wait for queues behind them"})
-    crowded_poll_s: float = field(default=1.0, metadata={
-        "help": "longest wait of a retrieve_future past max_long_polls"})
 
 
 @dataclass(frozen=True)
@@ -102,9 +99,12 @@ def tinker_available() -> bool:
 class TinkerService:
     """The state behind the tinker routes: training clients, sampling sessions, futures."""
 
-    def __init__(self, engine: Any, settings: TinkerSettings | None = None):
+    def __init__(self, engine: Any, settings: TinkerSettings | None = None,
+                 long_polls: LongPollGate | None = None):
         self.engine = engine
         self.settings = settings or TinkerSettings()
+        # the server passes the gate its other wings share (they share its threads)
+        self.long_polls = long_polls or LongPollGate.from_limits(engine.limits)
         self.futures = FutureStore(engine.limits.operation_retention_s)
         self.sampling = TinkerSampling(engine)
         self.model_name = tokenizer_source(engine)
@@ -115,7 +115,6 @@ class TinkerService:
         self._lock = threading.Lock()
         self._sampling_sessions: dict[str, SamplingSession] = {}
         self._sampling_keys: dict[tuple[str, int], str] = {}
-        self._long_polls = 0  # retrieve_future calls waiting now
 
     # ------------------------------------------------------------ routes
 
@@ -174,8 +173,11 @@ class TinkerService:
         names = {self.engine.base_model, self.model_name}
         if isinstance(name, str) and (name in names or _same_folder(name, self.model_name)):
             return
-        raise BadRequest(f"{where}: this server serves {self.engine.base_model!r} (also known "
-                         f"by its folder {self.model_name!r}), not {name!r}")
+        # the served model by the name it was started with, never by its folder's
+        # absolute path (docs/security.md): get_info hands the folder to a client that asks
+        raise BadRequest(f"{where}: this server serves {self.engine.base_model!r}, not "
+                         f"{echo(name)}; pass base_model={self.engine.base_model!r} (the "
+                         "one model get_server_capabilities lists)")
 
     def _register_sampling(self, session_id: str, seq: int, source: SamplerSource) -> str:
         with self._lock:
@@ -290,7 +292,8 @@ class TinkerService:
                                "retry in a moment", status=429)
         future, _ = self.futures.submit(
             ("sample", entry.sampling_session_id, seq), digest_of(body), "Sample",
-            lambda: task_waiter(lambda: Answer.proto(self.sampling.sample(entry.source, job))))
+            lambda: task_waiter(lambda: Answer.proto(self.sampling.sample(entry.source, job)),
+                                public_text=self.engine.public_text))
         return {"request_id": future.request_id,
                 "sample_sequence_ids": [f"{future.request_id}-{index}"
                                         for index in range(job.num_samples)]}
@@ -304,15 +307,8 @@ class TinkerService:
         if future is None:
             raise NotFound(f"no future {request_id!r} (a finished one is kept "
                            f"{self.futures.retention_s:g} s; a restart forgets them all)")
-        with self._lock:
-            crowded = self._long_polls >= self.settings.max_long_polls
-            self._long_polls += 1
-        try:
-            answer = future.wait(self.settings.crowded_poll_s if crowded
-                                 else self.settings.long_poll_s)
-        finally:
-            with self._lock:
-                self._long_polls -= 1
+        with self.long_polls.admit(self.settings.long_poll_s) as wait_s:
+            answer = future.wait(wait_s)
         if answer is None:  # the SDK re-polls at once on 408, without logging a warning
             return Response(408, json_bytes({"type": "try_again", "request_id": request_id,
                                              "queue_state": "active"}))

@@ -172,7 +172,8 @@ class TinkerTraining:
             return Answer.json({"model_id": model_id, "type": "create_model"})
 
         future, _ = self.futures.submit(("model", session_id, model_seq_id), digest_of(body),
-                                        "CreateModel", lambda: task_waiter(work))
+                                        "CreateModel", lambda: task_waiter(
+                                            work, public_text=self.engine.public_text))
         return {"request_id": future.request_id, "model_id": model_id}
 
     def _add_model(self, model: TrainingModel) -> None:
@@ -219,7 +220,8 @@ class TinkerTraining:
                                 "type": "load_weights"})
 
         future, _ = self.futures.submit(("model", session_id, model_seq_id), digest_of(body),
-                                        "LoadWeights", lambda: task_waiter(work))
+                                        "LoadWeights", lambda: task_waiter(
+                                            work, public_text=self.engine.public_text))
         return {"request_id": future.request_id, "model_id": model_id}
 
     # ------------------------------------------------------------ sequenced requests
