@@ -1,13 +1,18 @@
 """Small OpenAI-compatible chat servers of the tests' own (real HTTP on 127.0.0.1): a
 base handler that lists one model and sends JSON, a chat-completion answer builder, and a
-context manager that serves a handler and yields its API base URL."""
+context manager that serves a handler and yields its API base URL; and servers that
+misbehave (``MISBEHAVIOURS``: wrong statuses, bodies that are not JSON, JSON of the wrong
+shape, truncated, huge, slow and hung-up answers) for the clients' error tests."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -60,3 +65,120 @@ def serving(handler: type[ChatHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- servers that misbehave --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Misbehaviour:
+    """One wrong answer: ``status`` with ``body`` (bytes, sent as ``content_type``), or a
+    delivery fault: ``delay_s`` before answering, ``truncate`` (a ``Content-Length``
+    promising more than is sent, then the connection closes), ``hang_up`` (the
+    connection closes with no answer at all) or ``raw`` (``body`` is all that is sent: no
+    status line, no headers, not HTTP)."""
+
+    name: str
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+    delay_s: float = 0.0
+    truncate: bool = False
+    hang_up: bool = False
+    raw: bool = False
+
+
+def json_body(payload: Any) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def _choice_with(message: Any) -> bytes:
+    return json_body({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+
+
+#: the catalogue every client is held to (issue #32): a wrong status, a body that is not
+#: JSON, JSON of the wrong shape, and faults of delivery
+MISBEHAVIOURS = [
+    Misbehaviour("500", 500, b"Internal Server Error: the GPU caught fire", "text/plain"),
+    Misbehaviour("404 html", 404, b"<html><body>no such page</body></html>", "text/html"),
+    Misbehaviour("302 away", 302, b"", "text/plain", headers=(("Location", "/elsewhere"),)),
+    Misbehaviour("200 html", 200, b"<!doctype html><html><body>Sign in</body></html>",
+                 "text/html"),
+    Misbehaviour("not json", 200, b"this is not json {", "application/json"),
+    Misbehaviour("json list", 200, json_body([1, 2, 3])),
+    Misbehaviour("json null", 200, b"null"),
+    Misbehaviour("json string", 200, json_body("hello")),
+    Misbehaviour("no choices key", 200, json_body({"id": "x", "object": "chat.completion"})),
+    Misbehaviour("choices empty", 200, json_body({"id": "x", "choices": []})),
+    Misbehaviour("choices a string", 200, json_body({"id": "x", "choices": "PASS"})),
+    Misbehaviour("choice not an object", 200, json_body({"id": "x", "choices": [7]})),
+    Misbehaviour("message null", 200, _choice_with(None)),
+    Misbehaviour("content a number", 200, _choice_with({"role": "assistant", "content": 42})),
+    Misbehaviour("content a list", 200, _choice_with({"role": "assistant",
+                                                      "content": [{"x": 1}]})),
+    Misbehaviour("tool call name a number", 200, _choice_with({
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "c", "type": "function",
+                        "function": {"name": 5, "arguments": 7}}]})),
+    Misbehaviour("tool calls a string", 200, _choice_with({
+        "role": "assistant", "content": "x", "tool_calls": "oops"})),
+    Misbehaviour("huge not json", 200, b"<" * 8_000_000, "text/html"),
+    Misbehaviour("truncated", 200, json_body({"id": "x", "choices": [{"index": 0}]}),
+                 truncate=True),
+    Misbehaviour("hang up", hang_up=True),
+    Misbehaviour("not http", body=b"SSH-2.0-OpenSSH_9.6\r\n\r\n", raw=True),
+]
+#: an answer slower than the clients' timeout in these tests (they use timeouts of ~1 s)
+SLOW = Misbehaviour("slow", 200, _choice_with({"role": "assistant", "content": "late"}),
+                    delay_s=3.0)
+
+
+def send_misbehaviour(handler: BaseHTTPRequestHandler, answer: Misbehaviour) -> None:
+    """Answer the request ``handler`` is serving with ``answer`` (its body is read first,
+    so the client is never cut off mid-send)."""
+    length = int(handler.headers.get("Content-Length") or 0)
+    if length:
+        handler.rfile.read(length)
+    if answer.delay_s:
+        time.sleep(answer.delay_s)
+    handler.close_connection = answer.hang_up or answer.truncate or answer.raw
+    try:
+        if not answer.hang_up:
+            _send(handler, answer)
+        if handler.close_connection:
+            handler.wfile.flush()
+            handler.connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # the client gave up first (a timeout, a refused redirect): nothing to tell
+
+
+def _send(handler: BaseHTTPRequestHandler, answer: Misbehaviour) -> None:
+    if answer.raw:
+        handler.wfile.write(answer.body)
+        return
+    handler.send_response(answer.status)
+    handler.send_header("Content-Type", answer.content_type)
+    promised = len(answer.body) * 2 + 10 if answer.truncate else len(answer.body)
+    handler.send_header("Content-Length", str(promised))
+    for name, value in answer.headers:
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(answer.body)
+
+
+def misbehaving(answer: Misbehaviour, *, on_get: bool = False) -> type[ChatHandler]:
+    """A chat handler answering every POST (and every GET too when ``on_get``: the model
+    listing) with ``answer``; otherwise it lists its one model."""
+
+    class Misbehaving(ChatHandler):
+        def do_GET(self) -> None:
+            if on_get:
+                send_misbehaviour(self, answer)
+            else:
+                super().do_GET()
+
+        def do_POST(self) -> None:
+            send_misbehaviour(self, answer)
+
+    return Misbehaving

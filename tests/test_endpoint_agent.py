@@ -14,12 +14,8 @@ from chat_servers import ChatHandler, completion, serving
 
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
-from posttrain.policy.endpoint_agent import (
-    EndpointAgent,
-    EndpointSettings,
-    reply_text,
-    to_openai_messages,
-)
+from posttrain.foreign_answers import chat_reply
+from posttrain.policy.endpoint_agent import EndpointAgent, EndpointSettings, to_openai_messages
 
 BASE = "starter-2m"
 COMMON = ["--prompts", "40", "--samples", "2", "--max-new-tokens", "64"]
@@ -191,18 +187,17 @@ def test_an_endpoint_eval_needs_no_torch(scripted, tmp_path):
 
 
 def test_a_tool_call_in_text_and_as_tool_calls_grade_the_same():
-    from types import SimpleNamespace
-
     from posttrain.envs import get_env
 
     env = get_env("refund")
     prompt = "Refund order ORD-4417, it arrived broken."
     in_text = ('<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD-4417"}}'
                "\n</tool_call>")
-    structured = SimpleNamespace(content=None, tool_calls=[SimpleNamespace(
-        function=SimpleNamespace(name="lookup_order", arguments='{"order_id": "ORD-4417"}'))])
+    structured = completion("m", tool_calls=[{"id": "c", "type": "function", "function": {
+        "name": "lookup_order", "arguments": '{"order_id": "ORD-4417"}'}}])
     case = env.case_for(prompt)
-    assert env.score(reply_text(structured), case) == env.score(in_text, case)
+    assert env.score(chat_reply(json.dumps(structured), "test"), case) \
+        == env.score(in_text, case)
 
 
 def test_an_episode_history_goes_out_as_structured_tool_calls():

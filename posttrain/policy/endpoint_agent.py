@@ -15,7 +15,12 @@ loaded in-process. What the agent does with each conversation:
 - runs at most ``concurrency`` requests at once; 429 and 5xx answers are retried with
   exponential backoff (the ``openai`` client's, honouring ``Retry-After``);
 - stops with one clear error on a refused key (401/403), an unknown model (404, listing
-  the server's models), or a server it cannot reach.
+  the server's models), a server it cannot reach or that does not answer within
+  ``timeout_s``, and an answer that is not a chat completion (HTML, not JSON, JSON of
+  another shape): the line names the endpoint and quotes the first 200 characters it
+  sent (``posttrain.foreign_answers``). Answers are read from the raw body, never from
+  the client library's lenient models, so a wrong shape cannot surface later as an
+  ``AttributeError``.
 
 The graded rows' ``policy`` says which endpoint and model answered.
 """
@@ -30,6 +35,7 @@ from typing import Any
 
 from posttrain.envs.wire import TOOL_CALL_OPEN, parse_tool_calls
 from posttrain.errors import PosttrainError
+from posttrain.foreign_answers import chat_reply, model_ids, quoted
 
 Messages = list[dict[str, Any]]
 #: the reply cap when none is given: real models' prose (the in-process default for them)
@@ -94,21 +100,6 @@ def to_openai_messages(messages: Messages) -> list[dict[str, Any]]:
     return converted
 
 
-def reply_text(message: Any) -> str:
-    """The reply as the environment grades it: the content, then each tool call as a
-    ``<tool_call>`` block."""
-    text = message.content or ""
-    for call in message.tool_calls or []:
-        function = call.function
-        try:
-            arguments = json.loads(function.arguments or "{}")
-        except ValueError:
-            arguments = function.arguments  # kept as sent: the rule grades it malformed
-        block = json.dumps({"name": function.name, "arguments": arguments})
-        text += ("\n" if text else "") + f"<tool_call>\n{block}\n</tool_call>"
-    return text
-
-
 class EndpointAgent:
     """The batch-agent protocol over an OpenAI-compatible endpoint (module docstring)."""
 
@@ -131,8 +122,14 @@ class EndpointAgent:
         self.sampling: dict[str, Any] = {key: value for key, value in asdict(settings).items()
                                          if key in ("temperature", "top_p", "max_tokens")}
 
+    @property
+    def where(self) -> str:
+        """The flag and URL that named this endpoint, the start of its error lines."""
+        return f"{self.settings.flag} {self.settings.url}"
+
     def _model_names(self) -> list[str]:
-        return self._call(lambda: [model.id for model in self.client.models.list()])
+        raw = self._call(lambda: self.client.models.with_raw_response.list())
+        return model_ids(raw.http_response.text, self.where)
 
     def _only_model(self) -> str:
         names = self._model_names()
@@ -145,29 +142,37 @@ class EndpointAgent:
     def _call(self, request: Any) -> Any:
         """``request()`` with the endpoint's refusals turned into one clear error."""
         openai = self._openai
-        where = f"{self.settings.flag} {self.settings.url}"
+        where = self.where
         try:
             return request()
         except (openai.AuthenticationError, openai.PermissionDeniedError) as error:
             raise PosttrainError(
-                f"{where} refused the API key (HTTP {error.status_code}: {error.message}); "
+                f"{where} refused the API key (HTTP {error.status_code}: "
+                f"{quoted(error.message)}); "
                 f"the key is read from ${self.settings.key_env} (set it, or name another "
                 f"variable with {self.settings.key_flag})") from None
         except openai.NotFoundError as error:
-            raise PosttrainError(f"{where}: {error.message} (HTTP 404){self._models_hint()}"
-                                 ) from None
+            raise PosttrainError(f"{where} answered HTTP 404: {quoted(error.message)}"
+                                 f"{self._models_hint()}") from None
         except openai.RateLimitError as error:
             raise PosttrainError(
                 f"{where} still answered 429 after {self.settings.max_retries} retries "
-                f"({error.message}); lower --endpoint-concurrency or raise "
+                f"({quoted(error.message)}); lower --endpoint-concurrency or raise "
                 "--endpoint-retries") from None
+        except openai.APITimeoutError:
+            raise PosttrainError(f"{where}: no answer within {self.settings.timeout_s:g} s "
+                                 f"(tried {self.settings.max_retries + 1} times)") from None
         except openai.APIConnectionError as error:
-            raise PosttrainError(f"{where}: cannot reach it ({error.__cause__ or error}); is "
-                                 "the server running, and is the URL its API base (often "
-                                 "ending in /v1)?") from None
+            # the cause says which: refused, reset, or an answer cut short
+            raise PosttrainError(f"{where}: cannot reach it or it broke off its answer "
+                                 f"({quoted(str(error.__cause__ or error))}); is the server "
+                                 "running, and is the URL its API base (often ending in "
+                                 "/v1)?") from None
         except openai.APIStatusError as error:
-            raise PosttrainError(f"{where} answered HTTP {error.status_code}: {error.message}"
-                                 ) from None
+            raise PosttrainError(f"{where} answered HTTP {error.status_code}: "
+                                 f"{quoted(error.message)}") from None
+        except openai.APIError as error:  # anything else the client refused to read
+            raise PosttrainError(f"{where}: {quoted(str(error))}") from None
 
     def check(self) -> None:
         """Ask the endpoint for its models now: a server that is down, a refused key or a
@@ -179,21 +184,22 @@ class EndpointAgent:
 
     def _models_hint(self) -> str:
         try:
-            names = [model.id for model in self.client.models.list()]
-        except Exception:  # the listing is only a hint
+            names = self._model_names()
+        except PosttrainError:  # the listing is only a hint
             return ""
         return f"; it serves: {', '.join(names[:10])}" if names else ""
 
     def _one(self, messages: Messages, seed: int) -> str:
         extra = {"tools": self.tools} if self.tools else {}
-        response = self._call(lambda: self.client.chat.completions.create(
+        raw = self._call(lambda: self.client.chat.completions.with_raw_response.create(
             model=self.model, messages=to_openai_messages(messages),
             temperature=self.settings.temperature, top_p=self.settings.top_p,
             max_tokens=self.settings.max_tokens, seed=int(seed), **extra))
-        if not response.choices:
-            raise PosttrainError(f"{self.settings.flag} {self.settings.url} answered with no "
-                                 "choices")
-        return reply_text(response.choices[0].message)
+        answer = raw.http_response
+        where = self.where
+        if answer.history:  # followed a redirect: say where the answer came from
+            where += f" (redirected to {answer.url})"
+        return chat_reply(answer.text, where)
 
     def reply_batch(self, conversations: list[Messages], seeds: list[int]) -> list[str]:
         """One reply per conversation, in order, at most ``concurrency`` in flight."""

@@ -11,25 +11,67 @@ count is reported. A 4xx answer (bad token, malformed batch) will not get better
 retrying: the batch is dropped with one warning, and a 401/403 stops sending for good.
 ``close()`` (called by ``RunHandle.finish``) delivers what is left, waiting at most
 ``close_timeout`` seconds, then says how many ops were not delivered.
+
+A server is input too (issue #32): a URL that is not ``http(s)://host[:port]`` is refused
+when the store is made (``check_server_url``, which the recipes call before any model
+loads); a 200 answer that is not the run server's acknowledgment (a proxy's HTML page,
+JSON of another shape) drops the batch with one warning quoting the first 200
+characters; and if the sender thread itself fails, it says so once and stops, so
+``submit`` and ``close`` never wait on a dead thread. None of it touches the run folder,
+which the run handle writes on its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import http.client
 import json
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections import deque
 from typing import Any, TextIO
 
+from posttrain.errors import PosttrainError
+from posttrain.foreign_answers import quoted
 from posttrain.http_core import error_text
 from posttrain.runs.ops import OpWriter, validate_op
 
 INGEST_PATH = "/api/ingest"
+#: the most of an answer the sender reads: the acknowledgment is a few dozen bytes
+MAX_ANSWER_BYTES = 64 * 1024
+
+
+def check_server_url(url: str, source: str = "POSTTRAIN_SERVER") -> str:
+    """``url`` without a trailing slash when it is ``http(s)://host[:port][/path]``.
+
+    Raises ``PosttrainError`` naming ``source`` (where the URL came from) for anything
+    else: another scheme, no host, a port that is not a number from 1 to 65535, spaces,
+    a query or a fragment (the store appends ``/api/ingest`` to the URL)."""
+    example = "e.g. http://127.0.0.1:8765, the address `posttrain ui` prints"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise PosttrainError(f"{source}={url!r} is not a URL ({error}): give the run "
+                             f"server's address, {example}") from None
+    problem = None
+    if parts.scheme not in ("http", "https"):
+        problem = "it does not start with http:// or https://"
+    elif not parts.hostname:
+        problem = "it names no host"
+    elif port == 0:
+        problem = "port 0 is not a server's port"
+    elif parts.query or parts.fragment or any(char.isspace() for char in url):
+        problem = "it has a query, a fragment or spaces"
+    if problem:
+        raise PosttrainError(f"{source}={url!r} is not a run server's URL ({problem}): "
+                             f"give its address, {example}")
+    return url.rstrip("/")
 
 
 class HttpRunStore(OpWriter):
@@ -52,7 +94,7 @@ class HttpRunStore(OpWriter):
         close_timeout: float = 10.0,
         warn_stream: TextIO | None = None,
     ) -> None:
-        self.server_url = server_url.rstrip("/")
+        self.server_url = check_server_url(server_url, source="server_url")
         self.token = token
         self.max_batch, self.max_buffer = max_batch, max_buffer
         self.flush_seconds, self.request_timeout = flush_seconds, request_timeout
@@ -145,6 +187,23 @@ class HttpRunStore(OpWriter):
             return self._inflight
 
     def _send_loop(self) -> None:
+        """Send until closed; a bug or a failure nobody foresaw ends sending with one
+        line, not a traceback, and nothing waits on the dead thread afterwards."""
+        try:
+            self._send_until_closed()
+        except Exception as error:
+            with self._wake:
+                self._disabled = True
+                lost = len(self._queue) + (len(self._inflight[1]) if self._inflight else 0)
+                self.dropped += lost
+                self._queue.clear()
+                self._inflight = None
+            self._warn_once("sender", f"posttrain: run store server {self.server_url}: the "
+                            f"sender stopped ({type(error).__name__}: {quoted(str(error))}); "
+                            f"{lost} record(s) and the rest of this run are not sent (the run "
+                            "folder still has config.json, metrics.jsonl and the summary)")
+
+    def _send_until_closed(self) -> None:
         backoff = 0.0  # seconds to wait before retrying an unreachable server
         deadline: float | None = None  # set once close() is called
         while True:
@@ -183,16 +242,17 @@ class HttpRunStore(OpWriter):
             backoff = 0.0
 
     def _post(self, batch_id: str, ops: list[dict[str, Any]]) -> str:
-        """Post one batch: "sent", "refused" (4xx, do not retry) or "unreachable" (retry)."""
+        """Post one batch: "sent", "refused" (4xx or an answer that is not the run
+        server's acknowledgment: do not retry) or "unreachable" (retry)."""
         body = json.dumps({"batch": batch_id, "ops": ops}).encode("utf-8")
-        request = urllib.request.Request(self.server_url + INGEST_PATH, data=body, method="POST")
-        request.add_header("Content-Type", "application/json")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
         try:
+            request = urllib.request.Request(self.server_url + INGEST_PATH, data=body,
+                                             method="POST")
+            request.add_header("Content-Type", "application/json")
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
             with urllib.request.urlopen(request, timeout=self.request_timeout) as response:
-                response.read()
-            return "sent"
+                answer = response.read(MAX_ANSWER_BYTES + 1)
         except urllib.error.HTTPError as error:
             self.errors += 1
             if error.code >= 500:
@@ -212,10 +272,21 @@ class HttpRunStore(OpWriter):
                                 f"refused a batch of {len(ops)} record(s) (HTTP {error.code}: "
                                 f"{message}); dropped (later refusals are not shown)")
             return "refused"
-        except (OSError, ValueError) as error:  # URLError, timeouts, resets, bad URL
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            # URLError, timeouts, resets, and answers cut short or not HTTP at all
             self.errors += 1
-            self._warn_unreachable(type(error).__name__ + (f": {error}" if str(error) else ""))
+            self._warn_unreachable(type(error).__name__ + (f": {quoted(str(error))}"
+                                                           if str(error) else ""))
             return "unreachable"
+        if not _is_acknowledgment(answer):
+            self.errors += 1
+            self._warn_once("garbage", f"posttrain: run store server {self.server_url} "
+                            "answered something that is not a posttrain run server's "
+                            f"acknowledgment: {quoted(answer)}; a batch of {len(ops)} "
+                            "record(s) was dropped (later ones are not shown). Is "
+                            "POSTTRAIN_SERVER the address `posttrain ui` printed?")
+            return "refused"
+        return "sent"
 
     def _warn_unreachable(self, reason: str) -> None:
         self._warn_once(
@@ -226,9 +297,23 @@ class HttpRunStore(OpWriter):
         )
 
 
-def _error_message(error: urllib.error.HTTPError) -> str:
+def _is_acknowledgment(answer: bytes) -> bool:
+    """Whether ``answer`` is the run server's ``{"ok": true, ...}`` to an ingest."""
     try:
-        payload = json.loads(error.read().decode("utf-8", "replace") or "{}")
-        return error_text(payload, str(error.reason))
-    except (ValueError, OSError, AttributeError):
+        payload = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(payload, dict) and payload.get("ok") is True
+
+
+def _error_message(error: urllib.error.HTTPError) -> str:
+    """The message of an error answer, bounded: the run server's envelope, else the
+    start of whatever else answered."""
+    try:
+        body = error.read(MAX_ANSWER_BYTES).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
         return str(error.reason)
+    try:
+        return quoted(error_text(json.loads(body or "{}"), str(error.reason)))
+    except ValueError:
+        return quoted(body) if body else str(error.reason)
