@@ -395,7 +395,242 @@ def check_json_loads(text: str, context: dict[str, Any]) -> bool:
     return True
 
 
+# --- the command line: every numeric flag of every command, and --config files --------------
+
+NUMBER_TEXT = st.one_of(
+    ODD_NUMBERS.map(str), st.integers().map(str), st.floats().map(repr),
+    st.sampled_from(["", " ", "nan", "-inf", "1e400", "0x10", "1_0", "\u0661\u0662", "+3",
+                     " 7 ", "9" * 25, "-" + "9" * 25, "9" * 5000, "1e-400", "2**63", "0.5"]),
+    st.text(max_size=12),
+)
+
+
+def _recipe_checks() -> dict[str, tuple[type, Callable[[Any], None]]]:
+    from posttrain.train.dpo import DPOSettings, check_dpo_settings
+    from posttrain.train.grpo import GRPOSettings, check_grpo_settings
+    from posttrain.train.sft import SFTSettings, check_sft_settings
+
+    return {"grpo": (GRPOSettings, check_grpo_settings),
+            "dpo": (DPOSettings, check_dpo_settings),
+            "sft": (SFTSettings, check_sft_settings)}
+
+
+def numeric_flags() -> list[tuple[tuple[str, ...], str]]:
+    """(command words, flag) for every flag of every command that takes a number."""
+    import argparse
+
+    from posttrain.cli import build_parser
+    from posttrain.commands import dataclass_args
+
+    numeric = {dataclass_args.whole_number, dataclass_args.real_number}
+    found = []
+
+    def walk(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, (*words, name))
+            elif action.option_strings and (action.type in numeric or getattr(
+                    action.type, "__qualname__", "").startswith("whole_in.")):
+                found.append((words, action.option_strings[0]))
+
+    walk(build_parser(), ())
+    return found
+
+
+REQUIRED = {("prompts", "split"): ["--train-out", "t.jsonl", "--holdout-out", "h.jsonl"],
+            ("pairs", "build"): ["--out", "pairs.jsonl"]}
+POSITIONALS = {("prompts", "write"): ["out.jsonl"], ("prompts", "split"): ["p.jsonl"],
+               ("prompts", "filter"): ["p.jsonl", "out.jsonl"], ("prompts", "stats"): ["p.jsonl"]}
+
+
+def check_cli_flag(drawn: tuple[tuple[tuple[str, ...], str], str], context: dict[str, Any]
+                   ) -> bool:
+    """A numeric flag's value is parsed and bounded before any work: argparse refuses it
+    with one line naming the flag (exit 2), or the settings it makes pass or fail the
+    command's own checks with one PosttrainError line. Nothing else, never a traceback."""
+    import contextlib
+    import io
+
+    from posttrain.cli import build_parser
+    from posttrain.commands.dataclass_args import INT64
+    from posttrain.commands.recipe_command import settings_for
+    from posttrain.errors import PosttrainError
+    from posttrain.train.settings import check_recipe_settings
+
+    (words, flag), value = drawn
+    argv = [*words, *POSITIONALS.get(words, []), f"{flag}={value}"]
+    argv += REQUIRED.get(words, [])
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = build_parser().parse_args(argv)
+    except SystemExit as stop:
+        message = errors.getvalue().strip().splitlines()[-1]
+        assert stop.code == 2 and flag in message and len(message) < 400, message
+        return False
+    parsed = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    if isinstance(parsed, int) and not isinstance(parsed, bool):
+        assert INT64[0] <= parsed <= INT64[1], (flag, parsed)
+    if isinstance(parsed, float):
+        assert math.isfinite(parsed), (flag, parsed)
+    if words[0] in context["recipes"]:
+        settings_class, check = context["recipes"][words[0]]
+        try:
+            settings = settings_for(settings_class, args, words[0])
+            check_recipe_settings(settings)
+            check(settings)
+        except PosttrainError as error:
+            assert "\n" not in str(error) and len(str(error)) < 400, str(error)
+            return False
+    return True
+
+
+def cli_setup(folder: Path) -> dict[str, Any]:
+    return {"recipes": _recipe_checks()}
+
+
+def cli_strategy() -> st.SearchStrategy:
+    return st.tuples(st.sampled_from(numeric_flags()), NUMBER_TEXT)
+
+
+SETTINGS_KEYS = ["steps", "learning_rate", "prompts", "eval_samples", "holdout", "seed",
+                 "batch_size", "num_generations", "lora_rank", "run_name", "beta", "top_p",
+                 "max_completion_length", "base_model", "no_such_key"]
+YAML_VALUES = st.one_of(
+    NUMBER_TEXT, JSON_VALUES.map(lambda v: json.dumps(v, allow_nan=True)),
+    st.sampled_from(["&a [1, 2]", "*a", "!!python/object:os.system 'true'", "'1e-4'",
+                     "[*b, *b, *b, *b]", "~", "yes", "0o17", "1_000", ".inf", "-.nan"]),
+)
+
+
+def check_settings_file(drawn: tuple[str, list[tuple[str, str]], bytes], context: dict[str, Any]
+                        ) -> bool:
+    """A --config file is read with a bounded, safe parser: its values become settings
+    that pass the recipe's checks, or one PosttrainError line names the file and key."""
+    import argparse
+
+    from posttrain.cli import build_parser
+    from posttrain.commands.recipe_command import settings_for
+    from posttrain.errors import PosttrainError
+    from posttrain.train.settings import check_recipe_settings
+
+    suffix, pairs, junk = drawn
+    path = context["folder"] / f"settings{suffix}"
+    if suffix == ".json":
+        text = json.dumps({key: value for key, value in pairs}, allow_nan=True).encode()
+    elif suffix == ".toml":
+        text = "\n".join(f"{key} = {value}" for key, value in pairs).encode("utf-8", "replace")
+    else:
+        bomb = 'a: &a ["x","x","x","x","x","x","x","x","x"]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a]\n'
+        text = (bomb + "\n".join(f"{key}: {value}" for key, value in pairs)).encode(
+            "utf-8", "replace")
+    path.write_bytes(text + junk)
+    args = build_parser().parse_args(["grpo", "--config", str(path)])
+    assert isinstance(args, argparse.Namespace)
+    settings_class, check = context["recipes"]["grpo"]
+    started = time.perf_counter()
+    try:
+        settings = settings_for(settings_class, args, "grpo")
+        check_recipe_settings(settings)
+        check(settings)
+    except PosttrainError as error:
+        assert "\n" not in str(error) and len(str(error)) < 600, str(error)
+        return False
+    finally:
+        assert time.perf_counter() - started < 5, "a settings file took seconds to read"
+    return True
+
+
+def settings_file_strategy() -> st.SearchStrategy:
+    return st.tuples(st.sampled_from([".yaml", ".yml", ".json", ".toml"]),
+                     st.lists(st.tuples(st.sampled_from(SETTINGS_KEYS), YAML_VALUES),
+                              max_size=4),
+                     st.sampled_from([b"", b"", b"\xff\xfe", b"\n:\n", b"\x00"]))
+
+
+def settings_setup(folder: Path) -> dict[str, Any]:
+    return {"folder": folder, "recipes": _recipe_checks()}
+
+
+# --- the dashboard's query parameters -------------------------------------------------------
+
+DASHBOARD_ROUTES = [
+    ("/api/runs", []),
+    ("/api/runs/sentinel", []),
+    ("/api/runs/sentinel/metrics", ["names", "max_points", "after"]),
+    ("/api/runs/sentinel/metrics.csv", ["names"]),
+    ("/api/runs/sentinel/samples", ["which", "step", "limit"]),
+    ("/api/runs/sentinel/rows.json", ["which"]),
+    ("/api/runs/sentinel/rows.csv", ["which"]),
+    ("/api/runs/no-such-run/metrics", ["names", "max_points", "after"]),
+]
+
+
+def dashboard_setup(folder: Path) -> dict[str, Any]:
+    from posttrain.runs.server import start_in_thread
+    from posttrain.ui.app import dashboard_server
+
+    context = store_setup(folder)
+    context["store"].close()
+    (folder / SENTINEL).mkdir()
+    (folder / SENTINEL / "holdout_after.jsonl").write_text(json.dumps(
+        {"prompt": "=cmd|' /C calc'!A0", "reply": "-2+3", "score": 1.0, "category": "@x",
+         "scenario_id": "s1", "eval_run": 0}) + "\n")
+    server = dashboard_server(folder / "posttrain.db", port=0)
+    context.update(server=server, thread=start_in_thread(server), store=server.store)
+    return context
+
+
+def check_dashboard_query(drawn: tuple[tuple[str, list[str]], list[tuple[bool, str]]],
+                          context: dict[str, Any]) -> bool:
+    """Any query string on any dashboard route is an answer (2xx or a JSON 4xx naming the
+    parameter in one line), never a 500; CSV cells never start a spreadsheet formula."""
+    from urllib.parse import urlencode
+
+    (route, names), params = drawn
+    # a route's own parameter names most of the time, an unknown one sometimes
+    query = urlencode([(names[index % len(names)] if own and names else "junk",
+                        value.encode("utf-8", "surrogatepass"))  # lone surrogates as bytes
+                       for index, (own, value) in enumerate(params)])
+    connection = http.client.HTTPConnection("127.0.0.1", context["server"].server_address[1],
+                                            timeout=30)
+    try:
+        connection.request("GET", f"{route}?{query}")
+        response = connection.getresponse()
+        answer = response.read()
+    finally:
+        connection.close()
+    assert response.status < 500, f"{route}?{query}: {response.status}: {answer[:300]!r}"
+    if route.endswith(".csv") and response.status == 200:
+        import csv
+        import io
+
+        for row in csv.reader(io.StringIO(answer.decode("utf-8"))):
+            assert not any(cell[:1] in ("=", "+", "-", "@") for cell in row if cell), row
+        return True
+    body = json.loads(answer)
+    if response.status >= 400:
+        message = body["error"]["message"]
+        assert "\n" not in message and len(message) < 400, message
+    return response.status == 200
+
+
+def dashboard_strategy() -> st.SearchStrategy:
+    value = st.one_of(NUMBER_TEXT, ODD_STRINGS, st.text(max_size=300),
+                      st.sampled_from(["before", "after", "monitor", "rollouts", "reward",
+                                       "reward,loss", ",,,", "x" * 5000]))
+    return st.tuples(st.sampled_from(DASHBOARD_ROUTES),
+                     st.lists(st.tuples(st.sampled_from([True, True, False]), value),
+                              max_size=3))
+
+
 TARGETS: dict[str, Target] = {
+    "dashboard_queries": Target("dashboard_queries", dashboard_strategy(),
+                                check_dashboard_query, dashboard_setup, http_teardown),
+    "cli_flags": Target("cli_flags", cli_strategy(), check_cli_flag, cli_setup),
+    "settings_files": Target("settings_files", settings_file_strategy(), check_settings_file,
+                             settings_setup),
     "prompt_file": Target("prompt_file", lines_of(VALID_PROMPT), check_prompt_file,
                           prompt_setup),
     "pairs_file": Target("pairs_file", st.tuples(lines_of(VALID_PAIR), st.booleans()),

@@ -518,7 +518,7 @@ def test_samples_api_reads_the_run_folder(server, runs_dir):
                                                   "available": False, "rows": [],
                                                   "checks": []}
     assert len(json.loads(raw_get(server, "/api/runs/mt-run/samples?limit=1")[2])["rows"]) == 1
-    for query, fragment in (("which=middle", "which must be"), ("limit=0", "between 1"),
+    for query, fragment in (("which=middle", "'which' must be"), ("limit=0", "between 1"),
                             ("which=monitor", "needs step="),
                             ("limit=x", "whole number"), ("limit=201", "between 1")):
         status, _, body = raw_get(server, f"/api/runs/mt-run/samples?{query}")
@@ -685,6 +685,30 @@ def test_curves_and_rows_export_as_csv_and_json(server, runs_dir):
     assert json.loads(table[0]["transcript"])[1]["role"] == "tool"  # nested fields as JSON
     assert raw_get(server, "/api/runs/mt-run/rows.csv?which=before")[0] == 404
     assert raw_get(server, "/api/runs/mt-run/rows.xml")[0] == 404
+
+
+def test_csv_exports_never_hand_a_spreadsheet_a_formula(server, runs_dir):
+    """A reply or metric name that a spreadsheet would run (=, +, -, @ first) is
+    exported as text (a leading quote); numbers stay numbers, negative ones too."""
+    import csv
+    import io
+
+    store = SqliteRunStore(runs_dir / "posttrain.db")
+    write_finished_run(store, "csv-run")
+    store.log_metrics("csv-run", 1, {"=HYPERLINK(\"http://x\")": -0.5})
+    store.close()
+    (runs_dir / "csv-run").mkdir(exist_ok=True)
+    (runs_dir / "csv-run" / "holdout_after.jsonl").write_text(json.dumps(
+        {"prompt": "@SUM(A1:A9)", "reply": "=cmd|' /C calc'!A0", "score": -1.0,
+         "category": "+x", "scenario_id": "-s", "eval_run": 0}) + "\n")
+    _, _, body = raw_get(server, "/api/runs/csv-run/metrics.csv")
+    cells = [cell for row in csv.reader(io.StringIO(body.decode())) for cell in row]
+    assert "'=HYPERLINK(\"http://x\")" in cells and "-0.5" in cells
+    _, _, body = raw_get(server, "/api/runs/csv-run/rows.csv?which=after")
+    (row,) = list(csv.DictReader(io.StringIO(body.decode())))
+    assert (row["reply"], row["prompt"], row["category"]) == (
+        "'=cmd|' /C calc'!A0", "'@SUM(A1:A9)", "'+x")
+    assert row["score"] == "-1.0"
 
 
 def test_the_page_downloads_a_curve_and_the_rows(server, runs_dir, page):

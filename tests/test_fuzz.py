@@ -1,6 +1,7 @@
 """Property-based fuzzing (Hypothesis) of every place input enters: prompt and pair files,
-the run store's ingest ops (in SQLite and over HTTP), the service's request bodies and
-the strict JSON reader. Any input gives a result or a clear, named error, never a
+the run store's ingest ops (in SQLite and over HTTP), the dashboard's query parameters,
+the service's request bodies, the strict JSON reader, every numeric flag of every
+command and --config files. Any input gives a result or a clear, named error, never a
 traceback or a 500, and nothing already stored changes (see tests/fuzzing.py).
 
 CI runs each target on a few hundred inputs (under a minute together);
@@ -14,6 +15,9 @@ from fuzzing import TARGETS, run_target
 
 # inputs per target in CI: together well under a minute on a busy 2-core machine
 CI_EXAMPLES = {
+    "cli_flags": 400,
+    "dashboard_queries": 300,
+    "settings_files": 300,
     "prompt_file": 300,
     "pairs_file": 300,
     "ingest_ops": 300,

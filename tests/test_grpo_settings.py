@@ -155,10 +155,10 @@ def test_trl_accepts_the_mapped_config(tmp_path):
         (("--steps", "0"), "--steps must be at least 1"),
         (("--stop-on", "hack,vibes"), "unknown alarm"),
         (("--beta", "-1"), "--beta must be a number >= 0"),
-        (("--beta", "nan"), "--beta must be a number >= 0"),
-        (("--temperature", "nan"), "--temperature must be a number above 0"),
-        (("--top-p", "nan"), r"--top-p must be in \(0, 1\]"),
-        (("--epsilon-high", "inf"), "--epsilon-high must be a number >= 0"),
+        (("--beta", "-0.5"), "--beta must be a number >= 0"),
+        (("--temperature", "0"), "--temperature must be a number above 0"),
+        (("--top-p", "1.5"), r"--top-p must be in \(0, 1\]"),
+        (("--epsilon-high", "-0.1"), "--epsilon-high must be a number >= 0"),
         (("--max-completion-length", "0"), "--max-completion-length must be at least 1"),
     ],
 )
@@ -206,10 +206,10 @@ def test_the_training_seed_reaches_trl_and_the_data_seed_the_prompt_writer():
     [
         (("--learning-rate", "0"), "--learning-rate must be a number above 0"),
         (("--learning-rate", "-1"), "--learning-rate must be a number above 0"),
-        (("--learning-rate", "nan"), "--learning-rate must be a number above 0"),
-        (("--learning-rate", "inf"), "--learning-rate must be a number above 0"),
+        (("--learning-rate", "-0.0"), "--learning-rate must be a number above 0"),
+        (("--learning-rate", "1e-400"), "--learning-rate must be a number above 0"),
         (("--lora-rank", "0"), "--lora-rank must be at least 1"),
-        (("--eval-temperature", "nan"), "--eval-temperature must be a number above 0"),
+        (("--eval-temperature", "0"), "--eval-temperature must be a number above 0"),
         (("--eval-top-p", "0"), r"--eval-top-p must be in \(0, 1\]"),
         (("--eval-samples", "0"), "--eval-samples must be at least 1"),
         (("--lora-alpha", "-5"), "--lora-alpha must be above 0"),
@@ -231,7 +231,7 @@ def test_each_recipe_resolves_its_own_default_rate_in_one_place():
     assert parse("--learning-rate", "1e-5").resolved_learning_rate(9_000_000) == (1e-5, "flag")
 
 
-@pytest.mark.parametrize("balance", ["-1", "1", "nan"])
+@pytest.mark.parametrize("balance", ["-1", "1", "2.5"])
 def test_a_balance_outside_a_share_is_refused_before_anything_is_written(balance, tmp_path,
                                                                          capsys):
     from posttrain.cli import main
@@ -248,10 +248,10 @@ def test_a_step_larger_than_the_train_side_is_refused_before_the_model_loads(tmp
     from posttrain.cli import main
 
     runs = tmp_path / "runs"
-    code = main(["grpo", "--batch-size", "100000000", "--num-generations", "8",
+    code = main(["grpo", "--batch-size", "800000", "--num-generations", "8",
                  "--base-model", "no-such-model-is-loaded", "--runs-dir", str(runs)])
     assert code == 2
-    assert "needs 12500000 train prompts a step" in capsys.readouterr().err
+    assert "needs 100000 train prompts a step" in capsys.readouterr().err
     assert not runs.exists()
 
 
@@ -268,6 +268,26 @@ def test_a_seed_numpy_cannot_take_is_refused_before_anything_is_written(flag, va
     assert f"{flag} must be an integer from 0 to 2**32 - 1, got {value}" in (
         capsys.readouterr().err)
     assert not runs.exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--beta", "nan", "expected a finite number"), ("--learning-rate", "inf", "finite"),
+    ("--top-p", "-inf", "finite"), ("--steps", "9" * 30, "must fit a 64-bit integer"),
+    ("--steps", "1e3", "expected a whole number"), ("--steps", "20000000", "at most 10000000"),
+    ("--prompts", "99999999", "--prompts must be at most"),
+])
+def test_numbers_no_run_can_use_are_refused_as_they_are_read(flag, value, message, capsys):
+    """Non-finite reals, integers past int64 and work no run could finish are refused
+    when the flag is read, with one line naming the flag (a --config file: the same)."""
+    from posttrain.cli import main
+
+    try:
+        code = main(["grpo", f"{flag}={value}", "--base-model", "no-such-model"])
+    except SystemExit as stop:  # argparse's refusal of the flag's text
+        code = stop.code
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in error and flag in error and "\n" not in error, error
 
 
 def test_every_numeric_flag_refuses_nan_infinity_and_negatives_before_the_model_loads():

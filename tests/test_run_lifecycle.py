@@ -279,13 +279,13 @@ def test_a_delete_that_fails_part_way_keeps_the_record_to_retry(tmp_path, capsys
 
 
 def test_overwrite_removes_only_a_run_folder(tmp_path, capsys):
-    from posttrain.runs.folder import RunFolder, create_run_folder
+    from posttrain.runs.folder import check_new_run, create_run_folder
 
     mine = tmp_path / "notes"
     mine.mkdir()
     (mine / "todo.txt").write_text("keep\n")
     with pytest.raises(PosttrainError, match="is not a posttrain run"):
-        create_run_folder(RunFolder(mine), overwrite=True)
+        check_new_run(tmp_path, "notes", overwrite=True)
     # the recipe says so before anything loads
     assert main(["grpo", "--run-name", "notes", "--overwrite", "--runs-dir", str(tmp_path),
                  "--base-model", "no-such-model"]) == 2
@@ -294,5 +294,77 @@ def test_overwrite_removes_only_a_run_folder(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text('{"recipe": "grpo", "settings": {}}')
-    create_run_folder(RunFolder(run), overwrite=True)
+    new = check_new_run(tmp_path, "run", overwrite=True)
+    assert (run / "config.json").exists()  # kept until the model has loaded
+    create_run_folder(new)
     assert run.is_dir() and not (run / "config.json").exists()
+    new.finish()
+
+
+# --- liveness: a run another process writes is never shared, replaced or deleted ----------
+
+def live_run_folder(root, name: str, *, with_config: bool = True):
+    """A run folder whose lock is held, as a recipe's process holds it while it runs
+    (flock locks belong to an open file: held here, they refuse this process too)."""
+    from posttrain.runs.claim import try_claim
+
+    folder = root / name
+    folder.mkdir(parents=True)
+    if with_config:
+        (folder / "config.json").write_text('{"recipe": "grpo", "settings": {}}')
+    claim = try_claim(folder)
+    assert claim is not None
+    return claim
+
+
+def test_a_second_start_under_a_live_name_is_refused_before_any_model_loads(tmp_path, capsys):
+    claim = live_run_folder(tmp_path, "busy", with_config=False)  # loading its model now
+    try:
+        for extra in ([], ["--overwrite"]):
+            assert main(["grpo", "--run-name", "busy", "--runs-dir", str(tmp_path),
+                         "--base-model", "no-such-model", *extra]) == 2
+            error = capsys.readouterr().err
+            assert "being written by another process" in error, error
+            assert "no-such-model" not in error  # refused before the load
+    finally:
+        claim.release()
+    # the process that held it is gone: its empty folder no longer blocks the name, and a
+    # start that fails to load its model gives the name back
+    assert main(["grpo", "--run-name", "busy", "--runs-dir", str(tmp_path),
+                 "--base-model", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert not (tmp_path / "busy").exists()
+
+
+def test_overwrite_and_delete_refuse_a_live_run_even_when_forced(tmp_path, capsys):
+    claim = live_run_folder(tmp_path, "ow")
+    try:
+        assert main(["grpo", "--run-name", "ow", "--overwrite", "--runs-dir", str(tmp_path),
+                     "--base-model", "no-such-model"]) == 2
+        assert "being written by another process" in capsys.readouterr().err
+        SqliteRunStore(tmp_path / "posttrain.db").close()
+        assert main(["runs", "delete", "ow", "--force", "--runs-dir", str(tmp_path)]) == 2
+        assert "stop it first" in capsys.readouterr().err
+        assert (tmp_path / "ow" / "config.json").exists()
+    finally:
+        claim.release()
+    assert main(["runs", "delete", "ow", "--runs-dir", str(tmp_path)]) == 0
+    assert not (tmp_path / "ow").exists()
+
+
+def test_two_processes_starting_one_name_at_once_get_one_run(tmp_path):
+    """Two real `posttrain grpo` processes race for one run name: one takes it, the other
+    is refused with one line before it loads a model (no FileExistsError traceback)."""
+    command = [sys.executable, "-m", "posttrain", "grpo", "--run-name", "race",
+               "--runs-dir", str(tmp_path), "--base-model", "starter-2m"]  # killed below
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "race" / "run.lock").exists():  # the first has taken the name
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2, second.stderr
+    assert "being written by another process" in second.stderr
+    assert "Traceback" not in second.stderr
+    first.kill()
+    first.communicate()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from posttrain.commands.dataclass_args import real_number, whole_in, whole_number
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import (
     BehaviourHelp,
@@ -65,7 +66,7 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
         f"moves are the environment's; {_default_behaviour_help()}",
     )
     group.add_argument(
-        "--agent-seed", type=int, default=0, help="the scripted agent's seed (default 0)"
+        "--agent-seed", type=whole_number, default=0, help="the scripted agent's seed (default 0)"
     )
     group.add_argument(
         "--base-model",
@@ -75,9 +76,10 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--adapter", default=None, help="LoRA adapter folder or run folder")
     group.add_argument(
-        "--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)"
+        "--temperature", type=real_number, default=0.8, help="sampling temperature (default 0.8)"
     )
-    group.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default 0.95)")
+    group.add_argument("--top-p", type=real_number, default=0.95,
+                       help="nucleus sampling (default 0.95)")
     group.add_argument(
         "--sampler",
         choices=("transformers", "vllm"),
@@ -88,7 +90,7 @@ def add_agent_args(parser: argparse.ArgumentParser) -> None:
     add_endpoint_args(parser)
     group.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=whole_in(high=1_000_000),
         default=None,
         help="reply length cap in tokens (default: the model's evaluation default)",
     )
@@ -111,10 +113,10 @@ def add_endpoint_args(parser: argparse.ArgumentParser,
         help="environment variable holding the API key (default OPENAI_API_KEY; a local "
         "server without a key needs none)")
     endpoint.add_argument(
-        "--endpoint-concurrency", type=int, default=8, metavar="N",
+        "--endpoint-concurrency", type=whole_in(high=1024), default=8, metavar="N",
         help="requests in flight at once (default 8)")
     endpoint.add_argument(
-        "--endpoint-retries", type=int, default=5, metavar="N",
+        "--endpoint-retries", type=whole_in(high=100), default=5, metavar="N",
         help="retries of a 429 or 5xx answer, with exponential backoff (default 5)")
 
 

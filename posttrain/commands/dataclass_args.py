@@ -4,17 +4,95 @@ Each dataclass field becomes ``--field-name`` with the field's ``metadata["help"
 (and its default shown). Booleans that default to False become switches; a
 field's ``metadata["choices"]`` limits its values; ``metadata["flag"]`` renames the
 flag. ``settings_from_args`` builds the dataclass back from the parsed namespace.
+
+Every number is bounded before any work starts, from a flag or a settings file alike:
+a whole number must fit int64 (what torch, SQLite and numpy hold), a real number must be
+finite, and a field's ``metadata["range"]`` (``(low, high)``, None for open) bounds the
+work a value asks for (``--steps``, ``--prompts``, ...). The recipes' own checks then say
+what each value means.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar
 
+from posttrain.errors import PosttrainError
+from posttrain.text import echo
+
 T = TypeVar("T")
+
+INT64 = (-(2**63), 2**63 - 1)
+_MAX_NUMBER_TEXT = 40  # longer number text is refused before int() reads it
+
+
+def whole_number(text: str) -> int:
+    """argparse ``type=`` for a whole-number flag: bounded text, a clear message."""
+    stripped = text.strip()
+    try:
+        if len(stripped) > _MAX_NUMBER_TEXT:
+            raise ValueError
+        value = int(stripped)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {echo(text)}") from None
+    if not INT64[0] <= value <= INT64[1]:
+        raise argparse.ArgumentTypeError(f"must fit a 64-bit integer, got {echo(text)}")
+    return value
+
+
+def whole_in(low: int | None = None, high: int | None = None) -> typing.Callable[[str], int]:
+    """argparse ``type=`` for a whole number in ``[low, high]`` (None: open; int64 always)."""
+    def parse(text: str) -> int:
+        value = whole_number(text)
+        if low is not None and value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+    return parse
+
+
+def real_number(text: str) -> float:
+    """argparse ``type=`` for a real-number flag: bounded text, a clear message."""
+    stripped = text.strip()
+    try:
+        if len(stripped) > _MAX_NUMBER_TEXT:
+            raise ValueError
+        value = float(stripped)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {echo(text)}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {echo(text)}")
+    return value
+
+
+def number_problem(field: dataclasses.Field, value: Any) -> str | None:
+    """What is wrong with a field's numeric ``value`` (None: nothing, or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        return f"must fit a 64-bit integer, got a number of {len(str(abs(value)))} digits"
+    low, high = field.metadata.get("range", (None, None))
+    if low is not None and value < low:
+        return f"must be at least {low}, got {value}"
+    if high is not None and value > high:
+        return f"must be at most {high}, got {value}"
+    return None
+
+
+def check_numbers(settings: Any) -> None:
+    """Refuse a settings dataclass whose numbers are out of bounds (see module docstring),
+    naming the flag; the settings file's keys are the same names with underscores."""
+    for field in dataclasses.fields(settings):
+        problem = number_problem(field, getattr(settings, field.name))
+        if problem:
+            raise PosttrainError(f"{_flag(field)} {problem}")
 
 
 def _flag(field: dataclasses.Field) -> str:
@@ -71,10 +149,11 @@ def add_dataclass_args(
                                 action=argparse.BooleanOptionalAction, help=help_text)
             continue
         shown = "" if default in (None, "") else f" (default {default})"
+        parse = {int: whole_number, float: real_number}.get(kind, kind)
         parser.add_argument(
             *flags,
             dest=field.name,
-            type=kind,
+            type=parse,
             default=Unset(default),
             choices=field.metadata.get("choices"),
             metavar=field.metadata.get("metavar"),
@@ -95,4 +174,6 @@ def settings_from_args(cls: type[T], args: argparse.Namespace,
             value = (file_values or {}).get(field.name, value.value)
         values[field.name] = value
     values.update(overrides)
-    return cls(**values)
+    settings = cls(**values)
+    check_numbers(settings)
+    return settings

@@ -13,8 +13,14 @@ import json
 import sys
 
 from posttrain.agents import agent_identity
+from posttrain.atomic import check_output_path
 from posttrain.commands.agent_args import add_agent_args, build_agent
-from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.dataclass_args import (
+    add_dataclass_args,
+    settings_from_args,
+    whole_in,
+    whole_number,
+)
 from posttrain.commands.env_flag import add_env_arg
 from posttrain.data.prepare import DataFlags, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
@@ -58,14 +64,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_agent_args(parser)
     sampling = parser.add_argument_group("evaluation")
     sampling.add_argument(
-        "--samples", type=int, default=4, help="samples per prompt, k (default 4)"
+        "--samples", type=whole_in(high=1024), default=4, help="samples per prompt, k (default 4)"
     )
     sampling.add_argument(
-        "--eval-seed", type=int, default=0, help="sampling seed of the evaluation (default 0)"
+        "--eval-seed", type=whole_number, default=0,
+        help="sampling seed of the evaluation (default 0)"
     )
     sampling.add_argument(
         "--repeats",
-        type=int,
+        type=whole_in(high=100),
         default=1,
         help="evaluate this many times with different sampling seeds and report the spread",
     )
@@ -113,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         return run_compare(args)
     if args.samples < 1:
         raise PosttrainError(f"--samples must be at least 1, got {args.samples}")
+    if args.out:
+        check_output_path(args.out, what="--out", not_same_as=[args.prompts_file])
     env = get_env(args.env)
     data = prepare_data(settings_from_args(DataFlags, args).data_config(), env,
                         need_holdout=args.split == "holdout")

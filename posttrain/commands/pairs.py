@@ -12,8 +12,15 @@ import json
 import sys
 from collections import Counter
 
+from posttrain.atomic import check_output_path
 from posttrain.commands.agent_args import add_agent_args, build_agent
-from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
+from posttrain.commands.dataclass_args import (
+    add_dataclass_args,
+    real_number,
+    settings_from_args,
+    whole_in,
+    whole_number,
+)
 from posttrain.commands.env_flag import add_env_arg
 from posttrain.data.prepare import DataFlags, prepare_data
 from posttrain.envs import DEFAULT_ENV, get_env
@@ -55,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data = build.add_argument_group("prompts (the same flags and split as posttrain dpo)")
     add_dataclass_args(data, DataFlags)
     data.add_argument(
-        "--seed", type=int, default=0, help="sampling seed of the policy's replies (default 0)"
+        "--seed", type=whole_number, default=0,
+        help="sampling seed of the policy's replies (default 0)"
     )
     data.add_argument(
         "--env",
@@ -67,17 +75,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_agent_args(build)
     pairing = build.add_argument_group("pairing")
     pairing.add_argument(
-        "--pair-samples", type=int, default=8, help="replies per train prompt (default 8)"
+        "--pair-samples", type=whole_in(high=1024), default=8,
+        help="replies per train prompt (default 8)"
     )
     pairing.add_argument(
         "--min-margin",
-        type=float,
+        type=real_number,
         default=DEFAULT_MIN_MARGIN,
         help=f"least raw-score gap of a pair (default {DEFAULT_MIN_MARGIN})",
     )
     pairing.add_argument(
         "--max-pairs-per-prompt",
-        type=int,
+        type=whole_in(high=10_000),
         default=DEFAULT_MAX_PAIRS_PER_PROMPT,
         help=f"pairs one prompt may give (default {DEFAULT_MAX_PAIRS_PER_PROMPT})",
     )
@@ -89,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     pairing.add_argument(
         "--constructed-share",
-        type=float,
+        type=real_number,
         default=DEFAULT_CONSTRUCTED_SHARE,
         help="cap on constructed pairs, as a share of the sampled ones "
         f"(default {DEFAULT_CONSTRUCTED_SHARE})",
@@ -125,6 +134,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise PosttrainError("--max-pairs-per-prompt must be at least 1")
     if args.constructed_share < 0:
         raise PosttrainError(f"--constructed-share must be >= 0, got {args.constructed_share}")
+    check_output_path(args.out, what="--out", not_same_as=[args.prompts_file])
     env = get_env(args.env)
     require_single_turn(env, "posttrain pairs")
     data = prepare_data(settings_from_args(DataFlags, args).data_config(), env)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from posttrain.atomic import check_output_path
 from posttrain.commands.agent_args import add_endpoint_args, endpoint_settings
+from posttrain.commands.dataclass_args import real_number, whole_in, whole_number
 from posttrain.commands.env_flag import add_env_arg
 from posttrain.data.prepare import DEFAULT_SITUATIONS
 from posttrain.data.prompts import (
@@ -50,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     write.add_argument("out", help="output JSONL file")
     write.add_argument(
         "--prompts",
-        type=int,
+        type=whole_in(high=10_000_000),
         default=DEFAULT_SITUATIONS,
         help="template situations to write (default %(default)s)",
     )
@@ -58,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--data-seed",
         "--seed",
         dest="seed",
-        type=int,
+        type=whole_number,
         default=0,
         help="simulator seed (a recipe's --data-seed); same seed, same bytes (default 0)",
     )
@@ -72,16 +75,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"comma-separated angles to write from (default %(default)s; all: "
         f"{', '.join(ANGLES)})")
     writer.add_argument(
-        "--per-request", type=int, default=3,
+        "--per-request", type=whole_in(high=100), default=3,
         help="versions asked for per seed and angle (default 3)")
     writer.add_argument(
-        "--jaccard", type=float, default=0.8,
+        "--jaccard", type=real_number, default=0.8,
         help="near-duplicate threshold: word-set Jaccard at or above it drops a version "
         "(default 0.8)")
     writer.add_argument(
-        "--temperature", type=float, default=0.9, help="the writer's temperature (default 0.9)")
+        "--temperature", type=real_number, default=0.9,
+        help="the writer's temperature (default 0.9)")
     writer.add_argument(
-        "--max-new-tokens", type=int, default=384,
+        "--max-new-tokens", type=whole_in(high=1_000_000), default=384,
         help="the writer's reply cap in tokens (default 384)")
     add_endpoint_args(write, "the model behind it rewrites the templates (instead of --writer)")
     write.set_defaults(func=run_write)
@@ -100,7 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Split a prompt set into train and holdout files by scenario id.",
     )
     split.add_argument("file", help="JSONL prompt file")
-    split.add_argument("--holdout", type=float, default=0.2, help="share of scenarios held out")
+    split.add_argument("--holdout", type=real_number, default=0.2,
+                       help="share of scenarios held out")
     split.add_argument(
         "--stratified",
         action="store_true",
@@ -123,7 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     filter_.add_argument("file", help="JSONL prompt file")
     filter_.add_argument("out", help="filtered JSONL to write")
     filter_.add_argument(
-        "--jaccard", type=float, default=0.8, help="near-duplicate threshold (default 0.8)"
+        "--jaccard", type=real_number, default=0.8, help="near-duplicate threshold (default 0.8)"
     )
     _add_env(filter_)
     filter_.set_defaults(func=run_filter)
@@ -149,6 +154,7 @@ def _print_counts(counts: dict[str, int], env: Env, label: str = "") -> None:
 def run_write(args: argparse.Namespace) -> int:
     if args.prompts < 1:
         raise PosttrainError(f"--prompts must be at least 1, got {args.prompts}")
+    check_output_path(args.out)
     env = get_env(args.env)
     write_prompts = require_hook(
         env, PromptWriter, "writes no prompts",
@@ -199,6 +205,10 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_split(args: argparse.Namespace) -> int:
+    check_output_path(args.train_out, what="--train-out", not_same_as=[args.file])
+    check_output_path(args.holdout_out, what="--holdout-out", not_same_as=[args.file])
+    if os.path.realpath(args.train_out) == os.path.realpath(args.holdout_out):
+        raise PosttrainError("--train-out and --holdout-out name the same file: give two")
     env = get_env(args.env)
     records = load_prompts(args.file, env=env)
     splitter = split_holdout_stratified if args.stratified else split_holdout
@@ -211,6 +221,7 @@ def run_split(args: argparse.Namespace) -> int:
 
 
 def run_filter(args: argparse.Namespace) -> int:
+    check_output_path(args.out, not_same_as=[args.file])
     env = get_env(args.env)
     records = load_prompts(args.file, env=env)
     wanted: dict[str, str] = {}

@@ -6,10 +6,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from posttrain.atomic import write_text_atomic
+from posttrain.atomic import check_output_path, write_text_atomic
 from posttrain.errors import PosttrainError
 from posttrain.runs.export import export_run
 from posttrain.runs.folder import runs_root
@@ -140,14 +139,14 @@ def _duration(seconds: float) -> str:
 
 def run_export(args: argparse.Namespace) -> int:
     root, store = _existing_store(args.runs_dir)
+    if args.out is not None:  # before the store is read: the export must not replace it
+        check_output_path(args.out, what="--out", not_same_as=[root / DB_FILENAME])
     with store:
         record = export_run(store, root, args.name)
     text = json.dumps(record, indent=1, allow_nan=False) + "\n"
     if args.out is None:
         print(text, end="")
     else:
-        if Path(args.out).is_dir():
-            raise PosttrainError(f"--out {args.out!r} is a folder: give a file name")
         write_text_atomic(args.out, text)
         curves = len(record["metrics"])
         print(f"wrote run {args.name!r} ({curves} curves) to {args.out}", file=sys.stderr)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import reprlib
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,18 +20,10 @@ from typing import Any
 from posttrain.commands.dataclass_args import base_type
 from posttrain.errors import PosttrainError
 from posttrain.jsonl import strict_json_loads
+from posttrain.text import echo
 
 #: a number written as text (YAML 1.1 reads ``1e-4`` as a string; users write it so)
 _NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-# values echoed in errors are cut short: a YAML alias bomb is small on disk and huge as text
-def _short_repr() -> reprlib.Repr:
-    short = reprlib.Repr()  # Python 3.11's takes no keyword arguments
-    short.maxlevel, short.maxlist, short.maxdict = 2, 4, 4
-    short.maxstring = short.maxother = 60
-    return short
-
-
-_SHORT = _short_repr()
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
@@ -69,7 +60,10 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     except PosttrainError:
         raise
     except Exception as error:  # each parser has its own error class; all mean "bad file"
-        raise PosttrainError(f"{path}: not valid {suffix.lstrip('.').upper()}: {error}") from None
+        # parsers' messages run over several lines (YAML's marks): one line, cut short
+        said = " ".join(str(error).split())
+        said = said if len(said) <= 300 else said[:297] + "..."
+        raise PosttrainError(f"{path}: not valid {suffix.lstrip('.').upper()}: {said}") from None
     if not isinstance(value, dict):
         raise PosttrainError(f"{path}: expected a table of settings (key = value), got "
                              f"{type(value).__name__}")
@@ -97,9 +91,9 @@ def _check_value(path: Path, key: str, value: Any, annotation: Any) -> Any:
         value = float(value) if ok else value
     else:
         ok = isinstance(value, str)
-    if not ok:
+    if not ok:  # echo: a YAML alias bomb is small on disk and huge as text
         raise PosttrainError(f"{path}: {key}: expected {kind.__name__}"
-                             f"{' or nothing' if optional else ''}, got {_SHORT.repr(value)}")
+                             f"{' or nothing' if optional else ''}, got {echo(value)}")
     return value
 
 

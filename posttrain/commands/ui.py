@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import threading
 
+from posttrain.commands.dataclass_args import whole_number
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import is_loopback
 from posttrain.interrupts import interruptible
@@ -48,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=whole_number,
         default=8765,
         help="port to listen on; 0 picks a free one (default: 8765)",
     )
@@ -81,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     port = server.server_address[1]
     url = dashboard_url(args.host, port)
     print(f"posttrain ui: serving {store_path} at {url}  (Ctrl-C to stop)", flush=True)
+    if server.store.damage is not None:  # serving anyway: the pages say it until it is fixed
+        print(f"posttrain ui: {server.store.damage}", file=sys.stderr, flush=True)
     if token:
         print(
             f"  training elsewhere: POSTTRAIN_SERVER={url.rstrip('/')} "

@@ -50,7 +50,8 @@ class DataFlags:
 
     prompts: int = field(
         default=DEFAULT_SITUATIONS,
-        metadata={"help": "template situations to write prompts from"},
+        metadata={"help": "template situations to write prompts from",
+                  "range": (None, 10_000_000)},
     )
     prompts_file: str | None = field(
         default=None, metadata={"help": "a JSONL prompt set instead of the template writer"}

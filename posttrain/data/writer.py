@@ -23,6 +23,7 @@ by each filter.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,6 +220,16 @@ def job_key(index: int, angle: str) -> str:
     return f"{index}:{angle}"
 
 
+def journal_path(out: Path) -> Path:
+    """Where the journal for ``out`` lives: beside the file it is written to (a
+    symlink's target), or in the current folder when the output is a device or FIFO
+    (nothing may be created beside ``/dev/stdout``)."""
+    target = Path(os.path.realpath(out))
+    if target.exists() and not target.is_file():
+        return Path.cwd() / f".{target.name}.journal.jsonl"
+    return target.with_name(target.name + ".journal.jsonl")
+
+
 def write_with_model(env: Env, seeds: list[dict[str, Any]], agent: Any, out: Path,
                      settings: WriterSettings, *, label: str = "writing prompts"
                      ) -> tuple[list[dict[str, Any]], WriteReport]:
@@ -226,7 +237,7 @@ def write_with_model(env: Env, seeds: list[dict[str, Any]], agent: Any, out: Pat
     every seed from every angle, filter them, and write ``out`` (atomically)."""
     if not seeds:
         raise PosttrainError("no seed prompts to rewrite: raise --prompts")
-    journal = Journal(out.with_name(out.name + ".journal.jsonl"))
+    journal = Journal(journal_path(out))
     jobs = [(job_key(index, angle), writer_messages(seed["prompt"], angle,
                                                     settings.per_request))
             for index, seed in enumerate(seeds) for angle in settings.angles]

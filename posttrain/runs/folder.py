@@ -18,6 +18,7 @@ from typing import Any
 from posttrain.atomic import write_text_atomic
 from posttrain.errors import PosttrainError
 from posttrain.jsonl import write_jsonl_atomic
+from posttrain.runs.claim import LOCK_FILE, RunClaim, is_live, try_claim
 from posttrain.runs.ops import check_run_name
 
 RUNS_ENV = "POSTTRAIN_RUNS"
@@ -72,18 +73,86 @@ class RunFolder:
         return json.loads(self.file(name).read_text(encoding="utf-8"))
 
 
-def check_new_run(root: Path, name: str, *, overwrite: bool = False) -> RunFolder:
-    """Validate a run name and refuse an existing run unless ``overwrite``; creates nothing."""
+@dataclass
+class NewRun:
+    """A run name taken before any model loads: its folder and the lock that says a
+    process is writing it. ``replacing``: an existing run's lock (``--overwrite``), whose
+    folder ``create_run_folder`` removes once the model has loaded."""
+
+    folder: RunFolder
+    claim: RunClaim
+    replacing: bool = False
+
+    def abandon(self) -> None:
+        """The run never started (its model failed to load): let the name go, removing
+        the folder when it holds nothing but the lock."""
+        if not self.replacing and _only_lock(self.folder.path):
+            self.claim.release(remove_file=True)
+            try:
+                self.folder.path.rmdir()
+            except OSError:
+                pass  # something else was put there meanwhile: it stays
+        self.claim.release()
+
+    def finish(self) -> None:
+        """The run ended: let the name go (the folder keeps only its results)."""
+        self.claim.release(remove_file=True)
+
+
+def _only_lock(path: Path) -> bool:
+    try:
+        return {entry.name for entry in path.iterdir()} <= {LOCK_FILE}
+    except OSError:
+        return False
+
+
+def _live_error(name: str, path: Path) -> PosttrainError:
+    return PosttrainError(
+        f"run {name!r} is being written by another process (it holds {path / LOCK_FILE}): "
+        "wait for it to finish, stop it (Ctrl-C), or choose another --run-name")
+
+
+def check_new_run(root: Path, name: str, *, overwrite: bool = False) -> NewRun:
+    """Take run name ``name`` under ``root`` before any model loads: validate it, refuse
+    an existing run unless ``overwrite``, refuse a run another process is writing (even
+    with ``overwrite``), and hold the folder's lock so that a second start under the same
+    name is refused too. A new run's folder is created now (holding only the lock)."""
     check_run_name(name)
     folder = RunFolder(root / name)
-    if folder.path.exists() and not overwrite:
-        raise PosttrainError(
-            f"run {name!r} already exists at {folder.path}: choose another --run-name, "
-            "or pass --overwrite to replace it"
-        )
-    if folder.path.exists() or folder.path.is_symlink():
-        _check_replaceable(folder.path)  # said before any model loads
-    return folder
+    path = folder.path
+    if path.is_dir() and not path.is_symlink() and _only_lock(path):
+        # a start that never got past its model load (or is loading now): free unless live
+        claim = _claim_or_refuse(name, path)
+        return NewRun(folder, claim)
+    if path.exists() or path.is_symlink():
+        if path.is_dir() and not path.is_symlink() and is_live(path):
+            raise _live_error(name, path)
+        if not overwrite:
+            raise PosttrainError(
+                f"run {name!r} already exists at {path}: choose another --run-name, "
+                "or pass --overwrite to replace it"
+            )
+        _check_replaceable(path)  # said before any model loads
+        return NewRun(folder, _claim_or_refuse(name, path), replacing=True)
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        raise _live_error(name, path) from None  # another start took the name just now
+    except OSError as error:
+        raise PosttrainError(f"cannot create the run folder {path} "
+                             f"({error.strerror or error})") from None
+    return NewRun(folder, _claim_or_refuse(name, path))
+
+
+def _claim_or_refuse(name: str, path: Path) -> RunClaim:
+    try:
+        claim = try_claim(path)
+    except OSError as error:
+        raise PosttrainError(f"cannot write in the run folder {path} "
+                             f"({error.strerror or error})") from None
+    if claim is None:
+        raise _live_error(name, path)
+    return claim
 
 
 def _check_replaceable(path: Path) -> None:
@@ -103,14 +172,27 @@ def is_run_folder(path: Path) -> bool:
     return isinstance(config, dict) and "recipe" in config and "settings" in config
 
 
-def create_run_folder(folder: RunFolder, *, overwrite: bool = False) -> RunFolder:
-    """Create the folder (an existing run's is removed first when ``overwrite``; a folder
-    that is not a run's is never removed)."""
-    if folder.path.exists() and overwrite:
-        _check_replaceable(folder.path)
-        shutil.rmtree(folder.path)
-    folder.path.mkdir(parents=True, exist_ok=False)
-    return folder
+def create_run_folder(new: NewRun) -> RunFolder:
+    """Make the run's folder ready for its files, once the model has loaded: a replaced
+    run's folder is removed now and made anew (its lock taken over); a new run's folder
+    exists already."""
+    if not new.replacing:
+        return new.folder
+    path = new.folder.path
+    _check_replaceable(path)
+    try:
+        shutil.rmtree(path)
+        path.mkdir(parents=True)
+    except FileExistsError:
+        raise _live_error(new.folder.name, path) from None
+    except OSError as error:
+        raise PosttrainError(f"--overwrite: could not replace {path} "
+                             f"({error.strerror or error}); part of it may be left") from None
+    old = new.claim
+    new.claim = _claim_or_refuse(new.folder.name, path)
+    new.replacing = False
+    old.release()
+    return new.folder
 
 
 def find_run(root: Path, name: str) -> RunFolder:

@@ -68,6 +68,13 @@ class RunStillAlive(RunStoreError):
     """The run is ``running`` with a fresh heartbeat, so it cannot be deleted yet."""
 
 
+class DamagedStore(RunStoreError):
+    """The store's file is not a readable SQLite database (overwritten, truncated, cut
+    by a full disk); the message names the file and how to recover."""
+
+    http_status = 503
+
+
 def check_run_name(name: object) -> str:
     """Return ``name`` if it is a safe run name, else raise ``RunStoreError``.
 

@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from posttrain.runs.claim import LOCK_FILE, is_live
 from posttrain.runs.folder import is_run_folder
 from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name
 from posttrain.runs.sqlite_store import SqliteRunStore
@@ -50,6 +51,11 @@ def delete_run(store: SqliteRunStore, runs_root: Path, name: str, *,
     folder = Path(runs_root) / name
     has_folder = folder.is_symlink() or folder.is_dir()
     known = store.get_run(name)
+    if has_folder and not folder.is_symlink() and is_live(folder):  # force cannot override:
+        # the process is certainly there, and its next write would bring the run back
+        raise RunStillAlive(
+            f"run {name!r} is being written by a process that holds {folder / LOCK_FILE}: "
+            "stop it first (Ctrl-C), then delete it")
     if known is not None and known["status"] == "running" and not force:
         raise RunStillAlive(
             f"run {name!r} is still running; stop it first (Ctrl-C), wait until it shows as "

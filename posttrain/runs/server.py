@@ -33,7 +33,7 @@ from posttrain.http_core import (
     Rules,
     json_response,
 )
-from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name
+from posttrain.runs.ops import DamagedStore, RunStillAlive, RunStoreError, check_run_name
 from posttrain.runs.removal import NoSuchRun, delete_run
 from posttrain.runs.sqlite_store import SqliteRunStore
 
@@ -44,17 +44,31 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 SOCKET_TIMEOUT_SECONDS = 30
 MAX_SERIES_POINTS = 100_000
 DEFAULT_MAX_POINTS = 2000
+MAX_STEP = 2**63 - 1  # SQLite stores int64: a larger step would overflow, a 500
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP's list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def spreadsheet_safe(cell: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula gets a leading quote, which
+    spreadsheets show as text; numbers (negative ones too) pass through as numbers."""
+    if isinstance(cell, str) and cell.startswith(FORMULA_STARTS):
+        return "'" + cell
+    return cell
 
 
 def csv_response(header: list[str], rows: Any, filename: str) -> Response:
-    """A CSV download (UTF-8, one header line) named ``filename``."""
+    """A CSV download (UTF-8, one header line) named ``filename``; text cells are
+    neutralised so that a reply or a run name cannot run as a spreadsheet formula."""
     import csv
     import io
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+    writer.writerow([spreadsheet_safe(cell) for cell in header])
+    writer.writerows([spreadsheet_safe(cell) for cell in row] for row in rows)
     return Response(200, buffer.getvalue().encode("utf-8"), "text/csv; charset=utf-8",
                     {"Content-Disposition": f'attachment; filename="{filename}"'})
 
@@ -103,23 +117,10 @@ def _store_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """A store call whose refusal of bad input is a 400."""
     try:
         return call(*args, **kwargs)
+    except DamagedStore:
+        raise  # the server's state, not the request's fault: a 503 (its http_status)
     except RunStoreError as error:
         raise HttpError(400, str(error)) from None
-
-
-def _int_param(request: Request, name: str, default: int | None, low: int,
-               high: int | None = None) -> int | None:
-    raw = request.param(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise HttpError(400, f"query parameter {name!r} must be an integer, got {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" + (f" and <= {high}" if high is not None else "")
-        raise HttpError(400, f"query parameter {name!r} must be {bounds}, got {value}")
-    return value
 
 
 def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
@@ -157,6 +158,10 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
             raise HttpError(404, str(error)) from None
         except RunStillAlive as error:
             raise HttpError(409, str(error)) from None
+        except DamagedStore:
+            raise  # a 503 (its http_status)
+        except RunStoreError as error:  # the folder could not be removed: the record stays
+            raise HttpError(500, str(error)) from None
         return json_response({"ok": True, "deleted": deleted.name, "record": deleted.record,
                               "folder": deleted.folder is not None})
 
@@ -165,8 +170,8 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         available = _store_call(store.metric_names, name)
         wanted_param = request.param("names")
         wanted = [n for n in wanted_param.split(",") if n] if wanted_param else []
-        max_points = _int_param(request, "max_points", DEFAULT_MAX_POINTS, 1, MAX_SERIES_POINTS)
-        after = _int_param(request, "after", None, -1)
+        max_points = request.int_param("max_points", DEFAULT_MAX_POINTS, 1, MAX_SERIES_POINTS)
+        after = request.int_param("after", None, -1, MAX_STEP)
         series = {
             metric: _store_call(store.metric_series, name, metric, max_points=max_points,
                                 after_step=after)
@@ -202,9 +207,11 @@ def serve(store_path: str | Path, host: str = "127.0.0.1", port: int = 8765,
     """Create a run server on ``host:port`` (0 picks a free port) over the SQLite file.
 
     Returns the server without starting it: call ``serve_forever()`` (in a thread for
-    tests, see ``start_in_thread``) and ``shutdown(); server_close()`` to stop.
+    tests, see ``start_in_thread``) and ``shutdown(); server_close()`` to stop. A damaged
+    store file does not stop it: every API call answers 503 with the file and how to
+    recover (``store.damage``), until the file is moved aside or repaired.
     """
-    return RunServer((host, port), SqliteRunStore(store_path), token)
+    return RunServer((host, port), SqliteRunStore(store_path, tolerate_damage=True), token)
 
 
 def start_in_thread(server: RunServer, poll_interval: float = 0.05) -> threading.Thread:

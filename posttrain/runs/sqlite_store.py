@@ -15,24 +15,30 @@ recorded in the same transaction, so a batch re-sent after a lost reply is appli
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from posttrain.errors import PosttrainError
 from posttrain.runs import tiles
 from posttrain.runs.ops import (
     LOST_AFTER_SECONDS,
+    DamagedStore,
     OpWriter,
     RunStillAlive,
     RunStoreError,
     check_run_name,
     validate_ops,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 SCHEMA_VERSION = 2  # 2: metric_tiles (posttrain.runs.tiles)
 _SCHEMA = """
@@ -73,6 +79,50 @@ _BATCH_MEMORY_SECONDS = 86_400.0
 BUSY_TIMEOUT_MS = 10_000
 
 
+def is_damage(error: sqlite3.DatabaseError) -> bool:
+    """Is this SQLite error a damaged file (not a busy lock, a full disk or a bad query)?"""
+    if type(error) is sqlite3.DatabaseError:  # "file is not a database", "... malformed"
+        return True
+    text = str(error).lower()
+    return any(sign in text for sign in ("malformed", "not a database", "could not decode"))
+
+
+def _expected_columns() -> dict[str, set[str]]:
+    """Every table's columns as the schema makes them (read from a scratch database)."""
+    scratch = sqlite3.connect(":memory:")
+    try:
+        scratch.executescript(_SCHEMA + tiles.SCHEMA)
+        tables = [row[0] for row in scratch.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {table: {row[1] for row in scratch.execute(f"PRAGMA table_info({table})")}
+                for table in tables}
+    finally:
+        scratch.close()
+
+
+def missing_columns(connection: sqlite3.Connection) -> list[str]:
+    """``table.column`` names the schema makes and this file's tables lack (damage to
+    the schema text itself: SQLite then reads the file as a different database)."""
+    missing = []
+    for table, columns in _expected_columns().items():
+        have = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+        if have:  # a table not made yet is made by the schema script
+            missing += [f"{table}.{column}" for column in sorted(columns - have)]
+    return missing
+
+
+def damaged_message(path: Path, error: Exception) -> str:
+    """What to tell a user whose store file is damaged: which file, and how to recover."""
+    backups = sorted(path.parent.glob(f"{path.name}.v*.bak"))
+    kept = f"; a copy made before the last upgrade is {backups[-1]}" if backups else ""
+    aside = path.parent / "damaged"
+    return (f"the run store {path} is damaged ({error}). To recover, move it aside with its "
+            f"-wal and -shm files (mkdir {aside} && mv {path}* {aside}/); posttrain then "
+            f"starts a new, empty store. Every run's folder keeps its files (config.json, "
+            f"metrics.jsonl, summary.json), and `sqlite3 {aside / path.name} .recover` may "
+            f"salvage the records{kept}")
+
+
 def headline_delta(summary: dict[str, Any]) -> float | None:
     """The one number the run list shows for a finished run: its paired delta.
 
@@ -104,6 +154,17 @@ def _verdict(summary: dict[str, Any]) -> str | None:
     return verdict if isinstance(verdict, str) else None
 
 
+def _damage_checked(method: Callable[Concatenate[SqliteRunStore, P], R]
+                    ) -> Callable[Concatenate[SqliteRunStore, P], R]:
+    """A read method whose damaged-file errors (also those met after the connection is
+    closed, parsing what was read) become ``DamagedStore``."""
+    @functools.wraps(method)
+    def checked(self: SqliteRunStore, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._intact():
+            return method(self, *args, **kwargs)
+    return checked
+
+
 class SqliteRunStore(OpWriter):
     """Run store on one SQLite file; safe for one writer and many readers across processes.
 
@@ -115,12 +176,59 @@ class SqliteRunStore(OpWriter):
     object can be shared by a threaded HTTP server.
     """
 
-    def __init__(self, path: str | Path, *, lost_after_seconds: float = LOST_AFTER_SECONDS) -> None:
+    def __init__(self, path: str | Path, *, lost_after_seconds: float = LOST_AFTER_SECONDS,
+                 tolerate_damage: bool = False) -> None:
         self.path = Path(path)
+        # a damaged file (with tolerate_damage, for the dashboard): every call raises this
+        # until the file is moved aside or repaired, when the store opens again by itself
+        self.damage: DamagedStore | None = None
+        self._reopen_lock = threading.Lock()
         self.lost_after_seconds = lost_after_seconds
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunStoreError(f"cannot create the runs folder {self.path.parent} "
+                                f"({error.strerror or error})") from None
         self._lock = threading.Lock()
-        self._writer = self._connect()
+        try:
+            self._open()
+        except DamagedStore as error:
+            if not tolerate_damage:
+                raise
+            self.damage = error
+            # a closed stand-in for the writer, so close() has nothing left to do
+            self._writer = sqlite3.connect(":memory:", check_same_thread=False)
+            self._writer.close()
+
+    def _open(self) -> None:
+        """Connect the writer and bring the schema up to date (migrating a copy-kept file)."""
+        try:
+            with self._damage_named():
+                writer = self._connect()
+        except sqlite3.Error as error:
+            raise RunStoreError(f"cannot open the run store {self.path} ({error}): check that "
+                                f"{self.path.parent} is a folder you can write to") from None
+        self._writer = writer
+        try:
+            with self._damage_named():
+                self._open_schema()
+        except BaseException:
+            writer.close()
+            raise
+
+    def _reopen(self) -> None:
+        """Try the file again after damage (it may have been moved aside or restored)."""
+        with self._reopen_lock:
+            if self.damage is None:
+                return
+            try:
+                self._open()
+            except DamagedStore as error:
+                self.damage = error
+                raise
+            self.damage = None
+
+    def _open_schema(self) -> None:
         mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise RunStoreError(f"{self.path}: SQLite could not switch to WAL mode (got {mode})")
@@ -130,7 +238,13 @@ class SqliteRunStore(OpWriter):
                 f"{self.path}: run store schema {version} is newer than this posttrain "
                 f"understands ({SCHEMA_VERSION}); upgrade posttrain or use another file"
             )
+        if version < SCHEMA_VERSION and self._has_tables():
+            self._back_up(version)
         self._writer.executescript(_SCHEMA + tiles.SCHEMA)
+        missing = missing_columns(self._writer)
+        if missing:
+            raise DamagedStore(damaged_message(
+                self.path, f"its tables lack {', '.join(missing[:5])}"))
         if version < SCHEMA_VERSION:
             # a store written before tiles existed gets them once, in one transaction
             with self._lock:
@@ -144,6 +258,78 @@ class SqliteRunStore(OpWriter):
                     cursor.execute("ROLLBACK")
                     raise
 
+    def _has_tables(self) -> bool:
+        return self._writer.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+
+    def backup_path(self, version: int) -> Path:
+        """Where the copy of a schema-``version`` store is kept before it is migrated."""
+        return self.path.with_name(f"{self.path.name}.v{version}.bak")
+
+    def _back_up(self, version: int) -> None:
+        """Copy the store aside before a migration rewrites it (SQLite's online backup: a
+        consistent copy even while another process writes). An existing copy is kept."""
+        target = self.backup_path(version)
+        if target.exists():
+            return
+        partial = target.with_name(target.name + ".partial")
+        copy = sqlite3.connect(partial)
+        try:
+            self._writer.backup(copy)
+        finally:
+            copy.close()
+        partial.replace(target)
+
+    @contextmanager
+    def _intact(self) -> Iterator[None]:
+        """Raise the known damage (unless the file reads again now), and name new damage."""
+        if self.damage is not None:
+            self._reopen()
+        with self._damage_named():
+            yield
+
+    @contextmanager
+    def _damage_named(self) -> Iterator[None]:
+        """Turn a damaged file's errors into ``DamagedStore``, which says which file and
+        how to recover (instead of a traceback from deep in a command). SQLite's "not a
+        database" / "malformed" are damage outright; any other unexpected error (a cell of
+        garbage read back as text or JSON, a row that should be there and is not) is
+        damage when SQLite's own ``quick_check`` of the file fails too."""
+        try:
+            yield
+        except PosttrainError:
+            raise
+        except sqlite3.DatabaseError as error:
+            # a failed ROLLBACK after the damage hides it: look at what it interrupted too
+            cause: BaseException | None = error
+            while cause is not None and not (isinstance(cause, sqlite3.DatabaseError)
+                                             and is_damage(cause)):
+                cause = cause.__context__
+            if cause is not None:
+                raise DamagedStore(damaged_message(self.path, cause)) from None
+            if not self._fails_check():
+                raise  # busy, disk full, read-only, a closed connection: the file is fine
+            raise DamagedStore(damaged_message(self.path, error)) from None
+        except Exception as error:
+            if self._fails_check() or isinstance(error, (UnicodeDecodeError,
+                                                         json.JSONDecodeError)):
+                raise DamagedStore(damaged_message(self.path, error)) from None
+            raise
+
+    def _fails_check(self) -> bool:
+        """Does SQLite's ``quick_check`` find the file damaged (or cannot it even run)?
+        Also true when our tables lack a column they were made with (a damaged schema)."""
+        try:
+            connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000)
+            try:
+                result = connection.execute("PRAGMA quick_check").fetchall()
+                return result != [("ok",)] or bool(missing_columns(connection))
+            finally:
+                connection.close()
+        except sqlite3.OperationalError:
+            return False  # cannot open, busy, locked: a state of the disk, not damage
+        except Exception:  # e.g. a schema SQLite reads back as bytes that are not UTF-8
+            return True
+
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
@@ -155,11 +341,12 @@ class SqliteRunStore(OpWriter):
 
     @contextmanager
     def _reader(self) -> Iterator[sqlite3.Connection]:
-        connection = self._connect()
-        try:
-            yield connection
-        finally:
-            connection.close()
+        with self._intact():
+            connection = self._connect()
+            try:
+                yield connection
+            finally:
+                connection.close()
 
     # --- writing ---------------------------------------------------------------------
 
@@ -175,7 +362,7 @@ class SqliteRunStore(OpWriter):
         """
         checked = validate_ops(ops)
         now = time.time()
-        with self._lock:
+        with self._intact(), self._lock:
             cursor = self._writer.cursor()
             cursor.execute("BEGIN IMMEDIATE")
             try:
@@ -214,6 +401,7 @@ class SqliteRunStore(OpWriter):
 
     # --- reading ---------------------------------------------------------------------
 
+    @_damage_checked
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run, newest first: name, status, base_model (from the config), started,
         updated, finished (epoch seconds), last_step, total_steps, eta (seconds),
@@ -236,6 +424,7 @@ class SqliteRunStore(OpWriter):
             })
         return runs
 
+    @_damage_checked
     def get_run(self, name: str) -> dict[str, Any] | None:
         """One run in full (config, summary, progress, notes, alarms, metric names, the
         checks that kept graded replies), or None."""
@@ -288,7 +477,7 @@ class SqliteRunStore(OpWriter):
         The run folder on disk is not touched (``posttrain runs delete`` removes it too).
         """
         check_run_name(name)
-        with self._lock:
+        with self._intact(), self._lock:
             cursor = self._writer.cursor()
             cursor.execute("BEGIN IMMEDIATE")
             try:
@@ -313,6 +502,7 @@ class SqliteRunStore(OpWriter):
                 raise
         return True
 
+    @_damage_checked
     def sample_checks(self, run: str) -> list[dict[str, Any]]:
         """The checks that kept graded replies: ``[{"source", "step", "time", "count"}]``
         in step order (``monitor``: holdout replies; ``rollouts``: training replies)."""
@@ -328,6 +518,7 @@ class SqliteRunStore(OpWriter):
         return [{"source": source, "step": step, "time": moment, "count": count}
                 for source, step, moment, count in rows]
 
+    @_damage_checked
     def sample_rows(self, run: str, source: str, step: int) -> list[dict[str, Any]] | None:
         """The graded replies kept for (``source``, ``step``), or None."""
         check_run_name(run)
@@ -344,12 +535,14 @@ class SqliteRunStore(OpWriter):
         ).fetchall()
         return [name for (name,) in rows]
 
+    @_damage_checked
     def metric_names(self, run: str) -> list[str]:
         """Names of every metric logged for ``run``, sorted."""
         check_run_name(run)
         with self._reader() as connection:
             return self._metric_names(connection, run)
 
+    @_damage_checked
     def metric_series(self, run: str, metric: str, *, max_points: int | None = None,
                       after_step: int | None = None) -> dict[str, Any]:
         """One curve: ``{"name", "steps", "values", "times", "count", "downsampled"}``.

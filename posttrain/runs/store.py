@@ -29,11 +29,12 @@ import time
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from posttrain.runs.http_store import HttpRunStore
+from posttrain.runs.http_store import HttpRunStore, check_server_url
 from posttrain.runs.ops import (
     FINISH_STATUSES,
     HEARTBEAT_SECONDS,
     MAX_SAMPLE_ROWS,
+    DamagedStore,
     RunStoreError,
     check_run_name,
     clean_metrics,
@@ -42,7 +43,8 @@ from posttrain.runs.sqlite_store import SqliteRunStore
 
 __all__ = [
     "DB_FILENAME", "METRICS_FILENAME", "HttpRunStore", "NullRun", "RunHandle", "RunStore",
-    "RunStoreError", "SqliteRunStore", "check_run_name", "default_store", "open_run",
+    "RunStoreError", "SqliteRunStore", "check_run_name", "check_store_server",
+    "default_store", "open_run",
 ]
 
 DB_FILENAME = "posttrain.db"
@@ -106,8 +108,28 @@ def default_store(runs_root: str | os.PathLike = "runs") -> RunStore:
     """
     server = os.environ.get(SERVER_ENV, "").strip()
     if server:
-        return HttpRunStore(server, os.environ.get(TOKEN_ENV) or None)
+        return HttpRunStore(check_server_url(server, SERVER_ENV),
+                            os.environ.get(TOKEN_ENV) or None)
     return SqliteRunStore(Path(runs_root) / DB_FILENAME)
+
+
+def check_store_server() -> None:
+    """Refuse a malformed ``POSTTRAIN_SERVER`` now, with one line naming it: a recipe
+    calls this before its model loads, since the store is opened only after. Unset or
+    blank is fine (the SQLite store); whether the server answers is learnt while the run
+    trains (``HttpRunStore``)."""
+    server = os.environ.get(SERVER_ENV, "").strip()
+    if server:
+        check_server_url(server, SERVER_ENV)
+
+
+def check_store_opens(runs_root: str | os.PathLike = "runs") -> None:
+    """Open and close the SQLite store a run would write to, so that a damaged or
+    unwritable file is said (``RunStoreError``, one line) before a model loads rather
+    than after. With ``POSTTRAIN_SERVER`` set there is no local file to check."""
+    if os.environ.get(SERVER_ENV, "").strip():
+        return
+    SqliteRunStore(Path(runs_root) / DB_FILENAME).close()
 
 
 class RunHandle:
@@ -162,14 +184,20 @@ class RunHandle:
     def _guard(self, action: str, call: Any, *args: Any) -> None:
         try:
             call(self.name, *args)
+        except DamagedStore as error:  # the file broke under the run: the folder has it all
+            self._warn(action, error)
         except (RunStoreError, TypeError):
             raise
         except Exception as error:  # storage trouble must never stop training
-            if not self._warned:
-                self._warned = True
-                print(f"posttrain: run store could not {action} for run {self.name!r} "
-                      f"({type(error).__name__}: {error}); training continues, later "
-                      "store errors for this run are not shown", file=sys.stderr, flush=True)
+            self._warn(action, error)
+
+    def _warn(self, action: str, error: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            print(f"posttrain: run store could not {action} for run {self.name!r} "
+                  f"({type(error).__name__}: {error}); training continues and its folder "
+                  f"keeps every file, later store errors for this run are not shown",
+                  file=sys.stderr, flush=True)
 
     def log(self, step: int, metrics: dict[str, Any], *, timestamp: float | None = None) -> None:
         """Record metric values at ``step``. Non-numeric, boolean and non-finite values are

@@ -103,7 +103,8 @@ class DPOSettings(RecipeSettings):
             "docs/recipes/dpo.md)"
         },
     )
-    steps: int = field(default=60, metadata={"help": "optimizer steps"})
+    steps: int = field(default=60, metadata={"help": "optimizer steps",
+                                             "range": (None, 10_000_000)})
     beta: float | None = field(
         default=None,
         metadata={
@@ -136,7 +137,8 @@ class DPOSettings(RecipeSettings):
         default=8,
         metadata={
             "help": "replies per train prompt when building on-policy pairs; a policy that "
-            "rarely passes (or rarely fails) needs more"
+            "rarely passes (or rarely fails) needs more",
+            "range": (None, 1024),
         },
     )
     pairs: str | None = field(
@@ -169,12 +171,15 @@ class DPOSettings(RecipeSettings):
         metadata={"help": "least raw-score gap between the chosen and the rejected reply"},
     )
     max_pairs_per_prompt: int = field(
-        default=2, metadata={"help": "pairs one prompt may give at most"}
+        default=2, metadata={"help": "pairs one prompt may give at most",
+                             "range": (None, 10_000)}
     )
-    batch_size: int = field(default=8, metadata={"help": "pairs per optimizer step"})
+    batch_size: int = field(default=8, metadata={"help": "pairs per optimizer step",
+                                                 "range": (None, 100_000)})
     max_length: int = field(
         default=1024,
-        metadata={"help": "longest prompt + reply in tokens; longer pairs are cut at the end"},
+        metadata={"help": "longest prompt + reply in tokens; longer pairs are cut at the end",
+                  "range": (None, 1_000_000)},
     )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-dpo-v1",

@@ -50,16 +50,19 @@ MULTI_TURN_COMPLETION_LENGTH = 320
 class GRPOSettings(RecipeSettings):
     """Every knob of the GRPO recipe (see ``posttrain grpo --help``)."""
 
-    steps: int = field(default=40, metadata={"help": "optimizer steps"})
+    steps: int = field(default=40, metadata={"help": "optimizer steps",
+                                             "range": (None, 10_000_000)})
     num_generations: int = field(
         default=8,
-        metadata={"help": "completions per prompt: the group the advantage is relative to"},
+        metadata={"help": "completions per prompt: the group the advantage is relative to",
+                  "range": (None, 4096)},
     )
     batch_size: int | None = field(
         default=None,
         metadata={
             "help": "completions per optimizer step; must be a multiple of --num-generations "
-            "(default: four prompts' groups)"
+            "(default: four prompts' groups)",
+            "range": (None, 1_000_000),
         },
     )
     beta: float = field(
@@ -91,11 +94,13 @@ class GRPOSettings(RecipeSettings):
         default=None,
         metadata={"help": "longest completion sampled in training, in tokens; a multi-turn "
                           "episode's turns and tool results share it (default: 64, or "
-                          f"{MULTI_TURN_COMPLETION_LENGTH} for a multi-turn environment)"},
+                          f"{MULTI_TURN_COMPLETION_LENGTH} for a multi-turn environment)",
+                  "range": (None, 1_000_000)},
     )
     monitor_every: int = field(
         default=10,
-        metadata={"help": "steps between hack-monitor samples of the holdout (0: off)"},
+        metadata={"help": "steps between hack-monitor samples of the holdout (0: off)",
+                  "range": (None, 10_000_000)},
     )
     stop_on: str = field(
         default="",

@@ -37,7 +37,7 @@ from posttrain.interrupts import stop_reason
 from posttrain.policy.loading import load_policy
 from posttrain.policy.models import Policy, load_adapter, merge_adapter, parameter_count
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
-from posttrain.runs.store import NullRun, open_run
+from posttrain.runs.store import NullRun, check_store_opens, check_store_server, open_run
 from posttrain.score.audit import RewardAudit, reward_audit
 from posttrain.train import distributed
 from posttrain.train.context import RecipeContext, TrainOutcome
@@ -155,6 +155,7 @@ def run_recipe(
         check_recipe_settings(settings)
         check(settings)
         check_world(settings, ranks)
+        check_store_server()
         env = get_env(settings.env)
         settings.name_run_for(env_name(env))
         root = runs_root(settings.runs_dir)
@@ -170,22 +171,33 @@ def run_recipe(
         data = prepare_data(settings.data_config(), env)
         if check_data is not None:
             check_data(settings, data)
-        # only the main process owns the run folder; the others write into a scratch one
-        folder = (check_new_run(root, settings.run_name, overwrite=settings.overwrite)
-                  if ranks.is_main else RunFolder(Path(tempfile.mkdtemp(prefix="posttrain-rank-"))))
+        # only the main process owns the run folder (and takes its name now, so a second
+        # start under that name is refused before either loads a model); the others
+        # write into a scratch one
+        new_run = None
+        if ranks.is_main:
+            check_store_opens(root)  # a damaged store is said now, not after the load
+            new_run = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
+            folder = new_run.folder
+        else:
+            folder = RunFolder(Path(tempfile.mkdtemp(prefix="posttrain-rank-")))
     except Exception as error:  # every rank learns that one of them cannot start
         failure = error
     distributed.agree(ranks, failure)
     timings["data_s"] = time.monotonic() - started
 
     mark = time.monotonic()
-    policy, from_run_path = _load_base(settings, root)
-    parameters = parameter_count(policy.model)
-    learning_rate, learning_rate_source = settings.resolved_learning_rate(parameters)
+    try:
+        policy, from_run_path = _load_base(settings, root)
+        parameters = parameter_count(policy.model)
+        learning_rate, learning_rate_source = settings.resolved_learning_rate(parameters)
+        if new_run is not None:
+            create_run_folder(new_run)
+    except BaseException:
+        if new_run is not None:  # the run never started: its name is free again
+            new_run.abandon()
+        raise
     timings["load_s"] = time.monotonic() - mark
-
-    if ranks.is_main:
-        create_run_folder(folder, overwrite=settings.overwrite)
     config = {
         "recipe": recipe,
         "settings": settings.to_config(),
@@ -268,6 +280,8 @@ def run_recipe(
         timings["total_s"] = time.monotonic() - started
         summary = finish_summary(context, summary, before, after, outcome, timings)
         run.finish(summary, status=summary["status"])
+        if new_run is not None:
+            new_run.finish()
     return summary
 
 

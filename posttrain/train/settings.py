@@ -128,11 +128,13 @@ class RecipeSettings(DataFlags):
         },
     )
     eval_samples: int = field(
-        default=4, metadata={"help": "samples per holdout prompt in each evaluation"}
+        default=4, metadata={"help": "samples per holdout prompt in each evaluation",
+                             "range": (None, 1024)}
     )
     eval_repeats: int = field(
         default=2,
-        metadata={"help": "base-policy evaluations with different sampling seeds (noise band)"},
+        metadata={"help": "base-policy evaluations with different sampling seeds (noise band)",
+                  "range": (None, 100)},
     )
     eval_temperature: float = field(
         default=0.8, metadata={"help": "sampling temperature of the evaluations"}

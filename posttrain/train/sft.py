@@ -64,15 +64,18 @@ class SFTSettings(RecipeSettings):
     demos_per_prompt: int = field(
         default=2,
         metadata={"help": "with --demos reference: replies per train prompt (identical "
-                          "ones are kept once)"},
+                          "ones are kept once)", "range": (None, 1024)},
     )
     # 60, not 40: the starters learn when to call a tool only after they learned to
     # open one (see SFT_LEARNING_RATE_BY_SIZE); on SmolLM2 a step is ~24 s on 2 cores
-    steps: int = field(default=60, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=8, metadata={"help": "demonstrations per optimizer step"})
+    steps: int = field(default=60, metadata={"help": "optimizer steps",
+                                             "range": (None, 10_000_000)})
+    batch_size: int = field(default=8, metadata={"help": "demonstrations per optimizer step",
+                                                 "range": (None, 100_000)})
     max_length: int = field(
         default=1024,
-        metadata={"help": "longest prompt + reply in tokens; longer ones are cut"},
+        metadata={"help": "longest prompt + reply in tokens; longer ones are cut",
+                  "range": (None, 1_000_000)},
     )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-sft-v1",

@@ -32,6 +32,7 @@ from typing import Any
 
 from posttrain.runs.ops import SAMPLE_SOURCES, RunStoreError, check_run_name
 from posttrain.runs.server import (
+    MAX_STEP,
     HttpError,
     Request,
     Response,
@@ -40,6 +41,7 @@ from posttrain.runs.server import (
     json_response,
     serve,
 )
+from posttrain.text import echo
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATIC_DIR = PACKAGE_DIR / "static"
@@ -164,28 +166,17 @@ def add_dashboard(server: RunServer) -> RunServer:
             name = check_run_name(request.match["name"])
         except RunStoreError as error:
             raise HttpError(400, str(error)) from None
-        which = request.param("which", "after")
+        which = request.choice_param("which", "after", [*SAMPLE_FILES, *SAMPLE_SOURCES])
         checks = server.store.sample_checks(name)
         if which in SAMPLE_SOURCES:
-            raw_step = request.param("step")
-            try:
-                step = int(raw_step or "")
-            except ValueError:
-                raise HttpError(400, f"which={which} needs step=<a check's step>, got "
-                                     f"{raw_step!r}") from None
+            step = request.int_param("step", None, 0, MAX_STEP)
+            if step is None:
+                raise HttpError(400, f"which={which} needs step=<a check's step>")
             rows = server.store.sample_rows(name, which, step)
             return json_response({"run": name, "which": which, "step": step,
                                   "available": rows is not None, "rows": rows or [],
                                   "checks": checks})
-        if which not in SAMPLE_FILES:
-            raise HttpError(400, f"which must be one of "
-                                 f"{', '.join([*SAMPLE_FILES, *SAMPLE_SOURCES])}, got {which!r}")
-        try:
-            limit = int(request.param("limit", str(DEFAULT_SAMPLES)) or DEFAULT_SAMPLES)
-        except ValueError:
-            raise HttpError(400, "limit must be a whole number") from None
-        if not 1 <= limit <= MAX_SAMPLES:
-            raise HttpError(400, f"limit must be between 1 and {MAX_SAMPLES}, got {limit}")
+        limit = request.int_param("limit", DEFAULT_SAMPLES, 1, MAX_SAMPLES)
         path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
         rows = read_samples(path, limit)
         return json_response({"run": name, "which": which, "available": rows is not None,
@@ -204,16 +195,15 @@ def add_dashboard(server: RunServer) -> RunServer:
             name = check_run_name(request.match["name"])
         except RunStoreError as error:
             raise HttpError(400, str(error)) from None
-        which = request.param("which", "after")
-        if which not in SAMPLE_FILES:
-            raise HttpError(400, f"which must be one of {', '.join(SAMPLE_FILES)}, got {which!r}")
+        which = request.choice_param("which", "after", list(SAMPLE_FILES))
         path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
         rows = read_samples(path, limit=None, fields=None)
         if rows is None:
             raise HttpError(404, f"run {name!r} has no {SAMPLE_FILES[which]} (yet)")
         filename = f"{name}-holdout-{which}"
         if request.match["format"] not in ("json", "csv"):
-            raise HttpError(404, f"rows.{request.match['format']}: ask for rows.json or rows.csv")
+            raise HttpError(404, f"rows.{echo(request.match['format'])}: ask for rows.json or "
+                                 "rows.csv")
         if request.match["format"] == "csv":
             return csv_response(list(ROW_CSV_FIELDS),
                                 [[_csv_cell(row.get(key)) for key in ROW_CSV_FIELDS]

@@ -125,7 +125,11 @@ async function poll() {
   if (document.hidden) return;
   try {
     const { status, data } = await getJSON("/api/runs");
-    if (status !== 200) throw new Error(errorText(data, status));
+    if (status !== 200) {  // the server answered: say what it said (e.g. a damaged store)
+      connection.textContent = errorText(data, status);
+      connection.className = "conn lost";
+      return;
+    }
     connection.textContent = "live";
     connection.className = "conn";
     const payload = JSON.stringify(data.runs);
