@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("inspect_ai")
 
-from chat_servers import ChatHandler, completion, serving
+from chat_servers import MISBEHAVIOURS, ChatHandler, completion, misbehaving, serving
 
 from posttrain.cli import main
 from posttrain.envs import get_env
@@ -317,6 +317,21 @@ def test_a_model_graded_scorer_calls_the_env_judge_endpoint(tmp_path):
         key: {"C": 1.0, "I": 0.0}[value] for key, value in library.items()}
     assert set(library.values()) == {"C", "I"}
     assert set(Grader.asked) == {"scripted-grader"}
+
+
+@pytest.mark.parametrize("answer", [m for m in MISBEHAVIOURS
+                                    if m.name in ("200 html", "json list", "choices empty",
+                                                  "500", "hang up")], ids=lambda m: m.name)
+def test_a_judge_that_answers_no_completion_is_one_line_naming_it(answer, capsys):
+    """The judge an inspect grader calls is another server: a wrong answer stops the
+    command with one line naming --env-judge-endpoint, not an error inside inspect."""
+    with serving(misbehaving(answer)) as judge_url, serving(OddRight) as url:
+        code = main(["eval", "--env", CASES + "graded", "--env-judge-endpoint", judge_url,
+                     "--env-judge-model", "scripted-grader", "--endpoint", url,
+                     "--endpoint-model", "scripted", "--split", "all", "--samples", "1"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and error[-1].startswith("posttrain eval: error: --env-judge-endpoint")
+    assert "Traceback" not in "\n".join(error)
 
 
 def test_without_the_library_the_error_says_what_to_install(monkeypatch):

@@ -326,6 +326,8 @@ class InspectEnv:
             for name, scorer in zip(self._scorer_names, self.task.scorer, strict=True):
                 try:
                     scores[name] = await scorer(state, target)
+                except PosttrainError:
+                    raise  # already one line that names its cause (e.g. the judge endpoint)
                 except Exception as error:
                     raise PosttrainError(
                         f"inspect task {self.target!r}: its scorer {name} failed on a reply: "

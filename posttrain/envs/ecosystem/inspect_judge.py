@@ -11,11 +11,13 @@ role (what ``model_graded_qa`` / ``model_graded_fact`` and custom graders ask fo
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any
 
 from posttrain.envs.ecosystem.spec import JudgeEndpoint
 from posttrain.errors import PosttrainError
+from posttrain.foreign_answers import chat_reply, model_ids, quoted
 
 PROVIDER = "posttrain-judge"
 
@@ -50,20 +52,49 @@ def register_provider() -> type:
             # plain role/content dicts (the judge gets no tools; a tool message reads as user)
             messages: Any = [{"role": message.role if message.role != "tool" else "user",
                               "content": message.text} for message in input]
-            response = await self.client.chat.completions.create(
-                model=self.model_name, messages=messages, **extra)
-            output = ModelOutput.from_content(
-                model=self.model_name, content=response.choices[0].message.content or "")
-            usage = response.usage
+            where = f"--env-judge-endpoint {self.base_url}"
+            # the raw body, read with suspicion: a proxy's HTML or JSON of another shape
+            # is one line naming the judge, not an AttributeError inside inspect's scorer
+            body = await _judge_answer(self.client, where, model=self.model_name,
+                                       messages=messages, **extra)
+            output = ModelOutput.from_content(model=self.model_name,
+                                              content=chat_reply(body, where))
             # the endpoint's own counts: inspect would otherwise count tokens with
             # tiktoken, whose vocabulary is a download
-            output.usage = ModelUsage(
-                input_tokens=usage.prompt_tokens if usage else 0,
-                output_tokens=usage.completion_tokens if usage else 0,
-                total_tokens=usage.total_tokens if usage else 0)
+            counts = usage_counts(body)
+            output.usage = ModelUsage(input_tokens=counts[0], output_tokens=counts[1],
+                                      total_tokens=counts[2])
             return output
 
     return EndpointJudgeAPI
+
+
+async def _judge_answer(client: Any, where: str, **request: Any) -> str:
+    """The judge's raw answer to one chat request; the client's errors as one line."""
+    import openai
+
+    try:
+        raw = await client.chat.completions.with_raw_response.create(**request)
+    except openai.APIStatusError as error:
+        raise PosttrainError(f"{where} answered HTTP {error.status_code}: "
+                             f"{quoted(error.message)}") from None
+    except openai.APIError as error:  # unreachable, timed out, or an answer cut short
+        raise PosttrainError(f"{where}: {quoted(str(error.__cause__ or error))}") from None
+    return raw.http_response.text
+
+
+def usage_counts(body: str) -> tuple[int, int, int]:
+    """(prompt, completion, total) tokens from a chat completion's ``usage``; zeros for
+    what is missing or not a whole number (the counts are a report, not a reward)."""
+    try:
+        usage = json.loads(body).get("usage")
+    except (ValueError, AttributeError):
+        usage = None
+    usage = usage if isinstance(usage, dict) else {}
+    counts = [usage.get(key) for key in ("prompt_tokens", "completion_tokens", "total_tokens")]
+    whole = [value if isinstance(value, int) and not isinstance(value, bool) else 0
+             for value in counts]
+    return whole[0], whole[1], whole[2]
 
 
 def judge_model(judge: JudgeEndpoint) -> Any:
@@ -81,11 +112,13 @@ def judge_model(judge: JudgeEndpoint) -> Any:
 def _only_model(url: str, api_key: str) -> str:
     from openai import OpenAI, OpenAIError
 
+    where = f"--env-judge-endpoint {url}"
     try:
-        names = [model.id for model in OpenAI(base_url=url, api_key=api_key).models.list()]
+        raw = OpenAI(base_url=url, api_key=api_key).models.with_raw_response.list()
     except OpenAIError as error:
-        raise PosttrainError(f"--env-judge-endpoint {url}: cannot list its models "
-                             f"({error}); name one with --env-judge-model") from None
+        raise PosttrainError(f"{where}: cannot list its models ({quoted(str(error))}); name "
+                             "one with --env-judge-model") from None
+    names = model_ids(raw.http_response.text, where)
     if len(names) != 1:
         raise PosttrainError(f"--env-judge-endpoint {url} serves {len(names)} models "
                              f"({', '.join(names[:5])}); name one with --env-judge-model")
