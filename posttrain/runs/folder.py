@@ -2,8 +2,10 @@
 
 Layout (DESIGN.md): ``config.json``, ``summary.json``, ``holdout_before.jsonl``,
 ``holdout_after.jsonl``, ``adapter/``, ``report.md``, ``curves.png`` and
-``metrics.jsonl``. Every file is written through a temp file and a rename, so a
-crash never leaves half a file; an existing run is never overwritten unless asked.
+``metrics.jsonl``; while the run is live, ``run.lock`` (held by its process, see
+``posttrain.runs.claim``). Every file is written through a temp file and a rename, so a
+crash never leaves half a file; an existing run is never overwritten unless asked, and
+a live one never.
 """
 
 from __future__ import annotations
