@@ -30,44 +30,50 @@ INT64 = (-(2**63), 2**63 - 1)
 _MAX_NUMBER_TEXT = 40  # longer number text is refused before int() reads it
 
 
-def whole_number(text: str) -> int:
-    """argparse ``type=`` for a whole-number flag: bounded text, a clear message."""
+def _read_number(text: str, convert: typing.Callable[[str], Any], what: str) -> Any:
+    """``convert(text)`` for an argparse ``type=``: bounded text, a clear message."""
     stripped = text.strip()
     try:
         if len(stripped) > _MAX_NUMBER_TEXT:
             raise ValueError
-        value = int(stripped)
+        return convert(stripped)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {echo(text)}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {echo(text)}") from None
+
+
+def _bounds_problem(value: float, low: float | None, high: float | None) -> str | None:
+    if low is not None and value < low:
+        return f"must be at least {low}, got {value}"
+    if high is not None and value > high:
+        return f"must be at most {high}, got {value}"
+    return None
+
+
+def whole_number(text: str) -> int:
+    """argparse ``type=`` for a whole-number flag that fits int64."""
+    value = _read_number(text, int, "a whole number")
     if not INT64[0] <= value <= INT64[1]:
         raise argparse.ArgumentTypeError(f"must fit a 64-bit integer, got {echo(text)}")
-    return value
+    return int(value)
 
 
 def whole_in(low: int | None = None, high: int | None = None) -> typing.Callable[[str], int]:
     """argparse ``type=`` for a whole number in ``[low, high]`` (None: open; int64 always)."""
     def parse(text: str) -> int:
         value = whole_number(text)
-        if low is not None and value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        problem = _bounds_problem(value, low, high)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
         return value
     return parse
 
 
 def real_number(text: str) -> float:
-    """argparse ``type=`` for a real-number flag: bounded text, a clear message."""
-    stripped = text.strip()
-    try:
-        if len(stripped) > _MAX_NUMBER_TEXT:
-            raise ValueError
-        value = float(stripped)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {echo(text)}") from None
+    """argparse ``type=`` for a real-number flag that is finite."""
+    value = _read_number(text, float, "a number")
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {echo(text)}")
-    return value
+    return float(value)
 
 
 def number_problem(field: dataclasses.Field, value: Any) -> str | None:
@@ -79,11 +85,7 @@ def number_problem(field: dataclasses.Field, value: Any) -> str | None:
     if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
         return f"must fit a 64-bit integer, got a number of {len(str(abs(value)))} digits"
     low, high = field.metadata.get("range", (None, None))
-    if low is not None and value < low:
-        return f"must be at least {low}, got {value}"
-    if high is not None and value > high:
-        return f"must be at most {high}, got {value}"
-    return None
+    return _bounds_problem(value, low, high)
 
 
 def check_numbers(settings: Any) -> None:

@@ -87,15 +87,16 @@ def is_damage(error: sqlite3.DatabaseError) -> bool:
     return any(sign in text for sign in ("malformed", "not a database", "could not decode"))
 
 
-def _expected_columns() -> dict[str, set[str]]:
+@functools.cache  # the schema is fixed: read once per process, not at every open
+def _expected_columns() -> dict[str, frozenset[str]]:
     """Every table's columns as the schema makes them (read from a scratch database)."""
     scratch = sqlite3.connect(":memory:")
     try:
         scratch.executescript(_SCHEMA + tiles.SCHEMA)
         tables = [row[0] for row in scratch.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {table: {row[1] for row in scratch.execute(f"PRAGMA table_info({table})")}
-                for table in tables}
+        return {table: frozenset(row[1] for row in scratch.execute(
+                    f"PRAGMA table_info({table})")) for table in tables}
     finally:
         scratch.close()
 
