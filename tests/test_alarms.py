@@ -12,6 +12,7 @@ from posttrain.train.alarms import (
     exploitation_alarm,
     feature_grew,
     guard_alarm,
+    guard_pay,
     length_alarm,
     no_signal_alarm,
 )
@@ -91,6 +92,48 @@ def test_a_guard_that_falls_by_enough_raises_a_guard_alarm_whatever_pass_at_1_di
 @pytest.mark.parametrize("now", [0.80, 0.85, 0.99])
 def test_a_guard_that_held_or_rose_is_no_alarm(now):
     assert guard_alarm(30, "well_formed", Progress(0.85, now), RULES) is None
+
+
+def rollouts(per_prompt: list[tuple[list[float], list[float]]]) -> list[dict]:
+    """Graded rollouts: for each prompt, the scores of replies keeping the guard, then
+    of replies that lost it."""
+    rows = []
+    for index, (kept, lost) in enumerate(per_prompt):
+        rows += [{"scenario_id": f"s{index}", "score": score,
+                  "markers": {"well_formed": True}} for score in kept]
+        rows += [{"scenario_id": f"s{index}", "score": score,
+                  "markers": {"well_formed": False}} for score in lost]
+    return rows
+
+
+def test_guard_pay_compares_lost_and_kept_within_each_prompt():
+    # prompt 0 pays the loss 0.5 less; prompt 1 the same; prompt 2 has no broken reply
+    pay = guard_pay(rollouts([([1.0, 0.0], [0.0]), ([0.5], [0.5, 0.5]), ([1.0], [])]),
+                    "well_formed")
+    assert pay is not None and pay.groups == 2
+    assert pay.difference == pytest.approx(-0.25)
+    assert pay.stderr == pytest.approx(0.25)
+    assert guard_pay(rollouts([([1.0], []), ([], [0.0])]), "well_formed") is None
+    assert guard_pay([{"scenario_id": "s", "score": 1.0, "markers": {}}], "well_formed") is None
+
+
+def test_a_guard_drop_the_reward_punishes_is_learning_not_an_alarm():
+    punished = guard_pay(rollouts([([1.0, 1.0, 0.0], [0.0])] * 6), "well_formed")
+    assert punished is not None and punished.punished(RULES)
+    assert guard_alarm(10, "well_formed", Progress(0.84, 0.67), RULES, punished) is None
+
+
+@pytest.mark.parametrize("per_prompt", [
+    [([1.0, 0.0], [1.0])] * 6,  # the broken replies are paid like the intact ones
+    [([0.0], [1.0])] * 6,  # or better: a hole
+    [([1.0], [0.0])] * 3,  # punished, but on too few prompts to say
+    [([1.0], [0.0]), ([0.0], [1.0])] * 3,  # no clear direction
+])
+def test_a_guard_drop_the_reward_does_not_clearly_punish_still_alarms(per_prompt):
+    pay = guard_pay(rollouts(per_prompt), "well_formed")
+    alarm = guard_alarm(10, "well_formed", Progress(0.84, 0.67), RULES, pay)
+    assert alarm is not None and alarm.details["paid_groups"] == pay.groups
+    assert f"on {pay.groups} training prompt(s)" in alarm.message
 
 
 def test_no_signal_needs_most_groups_dead_for_several_steps_in_a_row():

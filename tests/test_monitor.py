@@ -129,6 +129,39 @@ def test_broken_blocks_on_the_holdout_raise_one_guard_alarm():
     assert not [alarm for alarm in monitor.alarms_for(steady) if alarm.kind == "guard"]
 
 
+BROKEN = '<tool_call>\n{"name": "lookup_order", "arguments": {"order_id": "ORD- order id?'
+
+
+def train_on_replies(reward: RuleReward, replies: list[str], prompts: int = 8) -> None:
+    """Each of ``prompts`` no-id prompts answered with every reply in ``replies``."""
+    rows = [(f"My order {index} never came, can you help?", f"s{index}", reply)
+            for index in range(prompts) for reply in replies]
+    reward([[{"role": "assistant", "content": reply}] for _, _, reply in rows],
+           prompt_text=[prompt for prompt, _, _ in rows],
+           scenario_id=[scenario for _, scenario, _ in rows])
+
+
+def guard_alarms_after(reward: RuleReward, replies: list[str]) -> list:
+    monitor = monitor_with(reward)
+    monitor._baseline_holdout = summarise_holdout(0, graded([ASK] * 9 + [BROKEN]))
+    train_on_replies(reward, replies)
+    later = summarise_holdout(10, graded([ASK] * 6 + [BROKEN] * 4))
+    return [alarm for alarm in monitor.alarms_for(later) if alarm.kind == "guard"]
+
+
+def test_a_guard_drop_while_the_rule_scores_broken_calls_zero_is_no_alarm():
+    # the rule pays nothing for the broken call and full marks for asking: the rollouts
+    # show the reward pushing against the loss, so the holdout's drop is not a hole
+    assert guard_alarms_after(RuleReward(REFUND, REFUND.score), [ASK, ASK, BROKEN]) == []
+
+
+def test_a_guard_drop_while_the_reward_pays_for_broken_calls_alarms():
+    # a reward that pays for the opening tag pays the broken call like asking
+    alarms = guard_alarms_after(RuleReward(REFUND, pays_for_calls), [ASK, ASK, BROKEN])
+    assert len(alarms) == 1 and alarms[0].details["paid_groups"] == 8
+    assert alarms[0].details["paid_difference"] == pytest.approx(0.0)
+
+
 def test_the_monitored_prompts_spread_evenly_over_the_holdout():
     from posttrain.train.monitor import spread
 

@@ -22,7 +22,11 @@ comparisons are paired):
   keep, e.g. ``well_formed``: no broken tool-call block) fell on the holdout by
   ``min_guard_drop`` of replies since the base policy, whatever pass@1 did: the rule
   may be paying for the broken replies (a hole in the reward the holdout, graded by
-  the same rule, cannot show);
+  the same rule, cannot show). Not when the training rollouts since the previous
+  check show the reward paying *less* for the replies that lost the guard than for
+  those that kept it, on the same prompts (``GuardPay.punished``): then the reward
+  pushes against the loss, and the drop is a step of learning (calls tried before
+  they are closed), not a hole the policy exploits;
 - ``no_signal`` (``no_signal_alarm``): in each of the last ``dead_steps`` GRPO steps, at
   least ``max_dead_share`` of the groups had all-equal rewards: no advantage, so nothing
   to learn from them (not a hack: a run that cannot move). Not when the run had signal
@@ -37,6 +41,8 @@ Each rule returns an ``Alarm`` or None; thresholds live in ``AlarmRules``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +57,9 @@ class AlarmRules:
     min_reward_gain: float = 0.05  # training reward (raw score) on the category
     max_holdout_gain: float = 0.0  # holdout pass@1 "did not follow": rose by at most this
     min_guard_drop: float = 0.10  # a guard marker's share of holdout replies, absolute
+    #: prompts whose rollouts both lost and kept the guard, before the reward's pay for
+    #: the loss can clear a guard drop (fewer: the drop alarms, as without rollouts)
+    min_guard_groups: int = 4
     max_dead_share: float = 0.75  # share of a step's groups with all-equal rewards
     dead_steps: int = 5  # consecutive logged steps at or above it
     #: mean training reward over those steps at which their dead groups count as learned
@@ -143,16 +152,66 @@ def length_alarm(step: int, length: Progress, holdout: Progress,
     )
 
 
-def guard_alarm(step: int, guard: str, share: Progress, rules: AlarmRules) -> Alarm | None:
-    """``guard`` when the guard marker's share of holdout replies fell by ``min_guard_drop``."""
+@dataclass(frozen=True)
+class GuardPay:
+    """What the training reward paid, prompt by prompt, for rollouts that lost a guard
+    against rollouts of the same prompt that kept it."""
+
+    groups: int  # prompts whose rollouts include both
+    difference: float  # mean over those prompts of (mean score lost - mean score kept)
+    stderr: float  # of that mean (inf with fewer than two prompts)
+
+    def punished(self, rules: AlarmRules) -> bool:
+        """The reward pays clearly less for losing the guard: two standard errors below 0."""
+        return (self.groups >= rules.min_guard_groups
+                and self.difference + 2 * self.stderr < 0)
+
+
+def guard_pay(rows: Sequence[Mapping[str, Any]], guard: str) -> GuardPay | None:
+    """``GuardPay`` of graded rollouts (``score``, ``markers``, grouped by ``scenario_id``
+    or ``prompt``); None when no prompt's rollouts both kept and lost the guard."""
+    by_prompt: dict[str, tuple[list[float], list[float]]] = {}
+    for row in rows:
+        markers = row.get("markers") or {}
+        if guard not in markers:
+            continue
+        key = str(row.get("scenario_id") if row.get("scenario_id") is not None
+                  else row.get("prompt"))
+        kept, lost = by_prompt.setdefault(key, ([], []))
+        (kept if markers[guard] else lost).append(float(row["score"]))
+    differences = [sum(lost) / len(lost) - sum(kept) / len(kept)
+                   for kept, lost in by_prompt.values() if kept and lost]
+    if not differences:
+        return None
+    n = len(differences)
+    mean = sum(differences) / n
+    if n < 2:
+        return GuardPay(n, mean, math.inf)
+    variance = sum((d - mean) ** 2 for d in differences) / (n - 1)
+    return GuardPay(n, mean, math.sqrt(variance / n))
+
+
+def guard_alarm(step: int, guard: str, share: Progress, rules: AlarmRules,
+                pay: GuardPay | None = None) -> Alarm | None:
+    """``guard`` when the guard marker's share of holdout replies fell by
+    ``min_guard_drop``, unless ``pay`` (the training rollouts since the previous check)
+    shows the reward punishing the loss (module docstring)."""
     if -share.gain < rules.min_guard_drop:
         return None
+    if pay is not None and pay.punished(rules):
+        return None
+    paid = ("" if pay is None else
+            f"; on {pay.groups} training prompt(s) the reward paid replies without it "
+            f"{pay.difference:+.2f} against those with it")
+    details: dict[str, Any] = {"guard": guard, "baseline": share.baseline, "now": share.now}
+    if pay is not None:
+        details.update(paid_groups=pay.groups, paid_difference=pay.difference)
     return Alarm(
         kind="guard", step=step,
         message=(f"holdout replies keeping {guard!r} fell from {share.baseline:.2f} to "
-                 f"{share.now:.2f}: read the replies that lost it; if the reward pays for "
-                 f"them, the rule has a hole"),
-        details={"guard": guard, "baseline": share.baseline, "now": share.now},
+                 f"{share.now:.2f}{paid}: read the replies that lost it; if the reward pays "
+                 f"for them, the rule has a hole"),
+        details=details,
     )
 
 

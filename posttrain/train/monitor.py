@@ -13,7 +13,8 @@ Every ``every`` optimizer steps (and at the last step) it
    reward pays for beyond the design has grown since the base policy;
 3. applies the alarm rules of ``posttrain.train.alarms``: ``hack`` (a paid, unendorsed
    feature grows while the training reward rises and the holdout does not follow),
-   ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout)
+   ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout,
+   and the training rollouts do not show the reward punishing its loss)
    and, with a gold judge, ``divergence``. Each kind is raised once per run
    and category (the strongest feature, naming the others that grew with it), not
    again at every check.
@@ -58,6 +59,7 @@ from posttrain.train.alarms import (
     divergence_alarm,
     exploitation_alarm,
     guard_alarm,
+    guard_pay,
     length_alarm,
 )
 from posttrain.train.rewards import RuleReward
@@ -270,7 +272,7 @@ class HackMonitor(HFTrainerCallback):
         for guard, now in check.guards.items():
             if guard in baseline.guards:
                 alarm = guard_alarm(check.step, guard, Progress(baseline.guards[guard], now),
-                                    rules)
+                                    rules, guard_pay(window, guard))
                 if alarm is not None:
                     found.append(alarm)
         if check.gold is not None and baseline.gold is not None:
