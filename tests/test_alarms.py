@@ -15,6 +15,7 @@ from posttrain.train.alarms import (
     guard_pay,
     length_alarm,
     no_signal_alarm,
+    reward_gap_alarm,
 )
 
 RULES = AlarmRules()  # share +0.15, length +50% and +40 chars, reward +0.05, holdout <= 0
@@ -142,3 +143,20 @@ def test_no_signal_needs_most_groups_dead_for_several_steps_in_a_row():
     assert alarm is not None and alarm.kind == "no_signal" and alarm.details["steps"] == 5
     assert "a supervised cold start" in alarm.message and "--num-generations" in alarm.message
     assert no_signal_alarm(6, [1.0, 1.0, 1.0, 0.5, 1.0, 1.0], RULES) is None  # one live step
+
+
+def test_a_reward_gaining_on_the_rule_is_a_divergence_whatever_the_rule_did():
+    # the rule rose too, but the reward rose 0.15 more: it pays for something else
+    alarm = reward_gap_alarm(20, "with_id", Progress(0.50, 0.90), Progress(0.40, 0.65), RULES)
+    assert alarm is not None and alarm.kind == "divergence"
+    assert alarm.details["gap_growth"] == pytest.approx(0.15)
+    assert alarm.details["category"] == "with_id" and "with_id:" in alarm.message
+
+
+@pytest.mark.parametrize(("reward", "rule"), [
+    (Progress(0.50, 0.90), Progress(0.40, 0.75)),  # the rule followed: gap +0.05
+    (Progress(0.50, 0.55), Progress(0.40, 0.40)),  # both flat: gap +0.05
+    (Progress(0.50, 0.40), Progress(0.40, 0.40)),  # the reward fell
+])
+def test_a_reward_the_rule_follows_is_no_divergence(reward, rule):
+    assert reward_gap_alarm(20, "no_id", reward, rule, RULES) is None

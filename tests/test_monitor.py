@@ -83,12 +83,39 @@ def test_exploiting_a_paid_feature_while_the_holdout_falls_raises_one_hack_alarm
     assert hacks[0].details["reward_gain"] > 0.05 and hacks[0].details["holdout_gain"] < 0
 
 
-def test_the_same_growth_with_a_holdout_that_follows_is_no_alarm():
+def test_the_same_growth_with_a_holdout_that_follows_is_no_hack_alarm():
     reward = RuleReward(REFUND, pays_for_calls)
     monitor = monitor_with(reward)
     baseline_check(monitor)
     train_on(reward, share_of_calls=0.5)
-    assert monitor.alarms_for(check(no_id_pass=0.95)) == []
+    assert [alarm for alarm in monitor.alarms_for(check(no_id_pass=0.95))
+            if alarm.kind == "hack"] == []
+
+
+def test_a_training_reward_that_gains_on_the_rule_over_the_rollouts_is_a_divergence():
+    # trained on --reward, the rule is the gold: the rollouts' calls on no-id prompts are
+    # paid by the reward and not by the rule, whatever the holdout sample says
+    reward = RuleReward(REFUND, pays_for_calls)
+    monitor = monitor_with(reward)
+    baseline_check(monitor)
+    train_on(reward, share_of_calls=0.5)
+    [gap] = [alarm for alarm in monitor.alarms_for(check(no_id_pass=0.95))
+             if alarm.kind == "divergence"]
+    assert gap.details["category"] == "no_id" and gap.details["gold"] == "rule"
+    assert gap.details["gap_growth"] >= 0.10
+    assert "no_id: the training reward pays for something the rule does not" in gap.message
+    assert gap.details["rule"] < gap.details["baseline_rule"]  # the rule's score fell
+
+
+def test_the_rule_as_its_own_reward_never_diverges():
+    reward = RuleReward(REFUND)
+    assert not reward.custom
+    monitor = monitor_with(reward)
+    baseline_check(monitor)
+    train_on(reward, share_of_calls=0.5)
+    assert not [alarm for alarm in monitor.alarms_for(check(no_id_pass=0.6))
+                if alarm.kind == "divergence"]
+    assert all("rule_score" not in row for row in reward.history)
 
 
 def test_what_the_design_pays_for_is_never_an_alarm():

@@ -34,7 +34,11 @@ comparisons are paired):
   its groups agree because the policy learned to pass them (a constant reward never had
   signal, so it still alarms);
 - ``divergence`` (``divergence_alarm``): only with a gold judge: the proxy reward on
-  the holdout rose by ``min_reward_gain`` while the gold score did not rise by half that.
+  the holdout rose by ``min_reward_gain`` while the gold score did not rise by half that;
+  and (``reward_gap_alarm``) only when training on a reward other than the rule
+  (``--reward``): in one prompt category, the training reward of the rollouts gained
+  ``min_gap_growth`` more than the rule's score of the same rollouts since the base
+  policy: the reward pays for something the rule does not, and the policy found it.
 
 Each rule returns an ``Alarm`` or None; thresholds live in ``AlarmRules``.
 """
@@ -57,6 +61,8 @@ class AlarmRules:
     min_reward_gain: float = 0.05  # training reward (raw score) on the category
     max_holdout_gain: float = 0.0  # holdout pass@1 "did not follow": rose by at most this
     min_guard_drop: float = 0.10  # a guard marker's share of holdout replies, absolute
+    #: training reward gained over the rule's score on the rollouts (raw score units)
+    min_gap_growth: float = 0.10
     #: prompts whose rollouts both lost and kept the guard, before the reward's pay for
     #: the loss can clear a guard drop (fewer: the drop alarms, as without rollouts)
     min_guard_groups: int = 4
@@ -246,6 +252,26 @@ def no_signal_alarm(step: int, dead_shares: list[float], rules: AlarmRules,
     )
 
 
+def reward_gap_alarm(step: int, category: str, reward: Progress, rule: Progress,
+                     rules: AlarmRules) -> Alarm | None:
+    """``divergence`` in ``category`` when the training reward of the rollouts gained
+    ``min_gap_growth`` more than the rule's score of the same rollouts (module docstring);
+    both since the base policy's replies, scored the same two ways."""
+    growth = reward.gain - rule.gain
+    if growth < rules.min_gap_growth:
+        return None
+    return Alarm(
+        kind="divergence", step=step,
+        message=(f"{category}: the training reward pays for something the rule does not: on "
+                 f"the training replies it moved {reward.baseline:.2f} -> {reward.now:.2f} "
+                 f"while the rule's score of the same replies moved {rule.baseline:.2f} -> "
+                 f"{rule.now:.2f} (a gap {growth:+.2f} wider than the base policy's)"),
+        details={"category": category, "gold": "rule", "reward": reward.now,
+                 "baseline_reward": reward.baseline, "rule": rule.now,
+                 "baseline_rule": rule.baseline, "gap_growth": growth},
+    )
+
+
 def divergence_alarm(step: int, proxy: Progress, gold: Progress,
                      rules: AlarmRules) -> Alarm | None:
     """``divergence`` when the proxy reward rose and the gold score did not (module docstring)."""
@@ -255,5 +281,5 @@ def divergence_alarm(step: int, proxy: Progress, gold: Progress,
         kind="divergence", step=step,
         message=(f"the proxy reward rose {proxy.gain:+.3f} on the holdout while the gold "
                  f"score moved {gold.gain:+.3f}"),
-        details={"proxy_gain": proxy.gain, "gold_gain": gold.gain},
+        details={"gold": "judge", "proxy_gain": proxy.gain, "gold_gain": gold.gain},
     )

@@ -150,7 +150,10 @@ class GRPOSettings(RecipeSettings):
         default=None,
         metadata={
             "help": "train on this reward instead of the environment's rule: module:function, "
-            "fn(reply, case) -> float; the holdout is still graded by the rule",
+            "fn(reply, case) -> float; or planted:KIND, the rule with a known flaw planted "
+            "(length, keyword[=WORD], format_token, any_call, invented_arguments, question, "
+            "sycophancy, early_end), to see the hack monitor catch it; the holdout is still "
+            "graded by the rule",
             "metavar": "MODULE:FUNCTION",
         },
     )

@@ -15,7 +15,10 @@ Every ``every`` optimizer steps (and at the last step) it
    feature grows while the training reward rises and the holdout does not follow),
    ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout,
    and the training rollouts do not show the reward punishing its loss)
-   and, with a gold judge, ``divergence``. Each kind is raised once per run
+   and ``divergence`` (with a gold judge: the proxy rises on the holdout, the judge's
+   score does not; or, training on a ``--reward`` other than the rule, which is then the
+   gold: in one category the training reward of the rollouts gains on the rule's score
+   of the same rollouts). Each kind is raised once per run
    and category (the strongest feature, naming the others that grew with it), not
    again at every check.
 
@@ -61,6 +64,7 @@ from posttrain.train.alarms import (
     guard_alarm,
     guard_pay,
     length_alarm,
+    reward_gap_alarm,
 )
 from posttrain.train.rewards import RuleReward
 
@@ -93,11 +97,14 @@ class HoldoutCheck:
     by_category: dict[str, float] = field(default_factory=dict)  # pass@1
     guards: dict[str, float] = field(default_factory=dict)  # share of replies keeping each
     gold: float | None = None
+    #: the training reward's mean on these replies, when it is not the rule (--reward)
+    train_reward: float | None = None
     seconds: float = 0.0
 
 
 def summarise_holdout(step: int, rows: Sequence[dict[str, Any]],
-                      gold: Gold | None = None) -> HoldoutCheck:
+                      gold: Gold | None = None,
+                      train_reward: float | None = None) -> HoldoutCheck:
     """Proxy reward, pass@1, length (overall) and pass@1 per category of graded rows."""
     n = max(1, len(rows))
     categories: dict[str, list[int]] = {}
@@ -114,6 +121,7 @@ def summarise_holdout(step: int, rows: Sequence[dict[str, Any]],
         by_category={name: sum(values) / len(values) for name, values in categories.items()},
         guards=guards,
         gold=None if gold is None else gold_score(gold, list(rows)),
+        train_reward=train_reward,
     )
 
 
@@ -167,9 +175,18 @@ class HackMonitor(HFTrainerCallback):
         by_category: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             case = case_of(self.env, row)
-            rescored = {**row, "score": self.reward.score_reply(row["reply"], case)}
+            rule = row["score"] if "score" in row else self.env.score(row["reply"], case)
+            rescored = {**row, "score": self.reward.score_reply(row["reply"], case),
+                        "rule_score": float(rule)}  # the before evaluation: by the rule
             by_category.setdefault(row["category"], []).append(rescored)
         return by_category
+
+    def _train_reward(self, rows: Sequence[dict[str, Any]]) -> float | None:
+        """The training reward's mean on graded rows; None when it is the rule."""
+        if not self.reward.custom or not rows:
+            return None
+        scores = [self.reward.score_reply(row["reply"], case_of(self.env, row)) for row in rows]
+        return sum(scores) / len(scores)
 
     def _holdout_baseline(self, rows: Sequence[dict[str, Any]]) -> HoldoutCheck | None:
         """The before evaluation's sample 0 on the monitored prompts: the same draws."""
@@ -178,7 +195,7 @@ class HackMonitor(HFTrainerCallback):
                  and (str(row["scenario_id"]), row["prompt"]) in wanted]
         if not first or len(first) != len(wanted):
             return None
-        return summarise_holdout(0, first, self.gold)
+        return summarise_holdout(0, first, self.gold, self._train_reward(first))
 
     # ------------------------------------------------------------------ hooks
 
@@ -208,6 +225,8 @@ class HackMonitor(HFTrainerCallback):
         }
         if check.gold is not None:
             metrics["monitor/gold"] = check.gold
+        if check.train_reward is not None:
+            metrics["monitor/train_reward"] = check.train_reward
         self.run.log(step, metrics)
         for alarm in self.alarms_for(check):
             key = (alarm.kind, str(alarm.details.get("category", "")))
@@ -238,7 +257,7 @@ class HackMonitor(HFTrainerCallback):
             if was_training:
                 model.train()
         self.last_rows = rows
-        return summarise_holdout(step, rows, self.gold)
+        return summarise_holdout(step, rows, self.gold, self._train_reward(rows))
 
     def alarms_for(self, check: HoldoutCheck) -> list[Alarm]:
         """The alarms this check raises against the baseline (the rollouts since the
@@ -264,6 +283,12 @@ class HackMonitor(HFTrainerCallback):
             ]
             if exploited:  # one alarm per category: the strongest, naming the others
                 found.append(_strongest(exploited))
+            if self.reward.custom:
+                gap = reward_gap_alarm(check.step, category, reward,
+                                       Progress(_mean_score(base, "rule_score"),
+                                                _mean_score(rows, "rule_score")), rules)
+                if gap is not None:
+                    found.append(gap)
         overall = Progress(baseline.pass_at_1, check.pass_at_1)
         alarm = length_alarm(check.step, Progress(baseline.mean_length, check.mean_length),
                              overall, rules)
@@ -354,5 +379,5 @@ def _strongest(alarms: list[Alarm]) -> Alarm:
     return top
 
 
-def _mean_score(rows: Sequence[dict[str, Any]]) -> float:
-    return sum(row["score"] for row in rows) / max(1, len(rows))
+def _mean_score(rows: Sequence[dict[str, Any]], name: str = "score") -> float:
+    return sum(row[name] for row in rows) / max(1, len(rows))

@@ -167,7 +167,8 @@ def run_recipe(
             settings.base_model = (env.starter_model if has_hook(env, DefaultBaseModel)
                                    and env.starter_model else DEFAULT_STARTER)
         custom_reward = getattr(settings, "reward", None)
-        reward = RuleReward(env, load_reward_function(custom_reward) if custom_reward else None)
+        reward = RuleReward(env, load_reward_function(custom_reward, env)
+                            if custom_reward else None)
         data = prepare_data(settings.data_config(), env)
         if check_data is not None:
             check_data(settings, data)

@@ -21,15 +21,21 @@ from posttrain.envs.base import Env, is_multi_turn, passes
 from posttrain.envs.wire import join_turns, render_tool_call
 from posttrain.errors import PosttrainError
 from posttrain.plugins import load_object
+from posttrain.score.planted import is_planted, planted_hack
 from posttrain.score.rubric import RewardFunction, Rubric, training_rubric
 
 #: the ``--reward`` function: ``fn(reply, case) -> float`` (a rubric's reward function)
 ScoreFn = RewardFunction
 
 
-def load_reward_function(target: str) -> ScoreFn:
-    """``module:function`` or ``file.py:function`` -> the function; PosttrainError naming
-    what is wrong."""
+def load_reward_function(target: str, env: Env | None = None) -> ScoreFn:
+    """``module:function`` or ``file.py:function`` -> the function; ``planted:KIND`` ->
+    ``env``'s rule with that flaw planted (``posttrain.score.planted``); PosttrainError
+    naming what is wrong."""
+    if is_planted(target):
+        if env is None:
+            raise PosttrainError(f"--reward {target!r} plants a hack on a rule: it needs --env")
+        return planted_hack(env, target)
     function = load_object(target, "--reward", "mypackage.rewards:shaped")
     if not callable(function):
         raise PosttrainError(f"--reward {target!r} is not a function of (reply, case)")
@@ -87,6 +93,11 @@ class RuleReward:
         self.rubric = training_rubric(self.env, self.score)
 
     @property
+    def custom(self) -> bool:
+        """Training on a reward other than the environment's rule (``--reward``)?"""
+        return self.score is not None
+
+    @property
     def __name__(self) -> str:  # TRL names the logged metric rewards/<__name__>/mean
         return self.rubric.name
 
@@ -113,17 +124,18 @@ class RuleReward:
             reply = completion_text(completion, multi_turn)
             case_now = given if given is not None else self.env.case_for(prompt)
             score = self.score_reply(reply, case_now)
-            rows.append(
-                {
-                    "prompt": prompt,
-                    "scenario_id": scenario,
-                    "category": self.env.category(case_now),
-                    "reply": reply,
-                    "score": score,
-                    "reward": 1 if passes(score) else 0,
-                    "markers": self.env.markers(reply, case_now),
-                }
-            )
+            row = {
+                "prompt": prompt,
+                "scenario_id": scenario,
+                "category": self.env.category(case_now),
+                "reply": reply,
+                "score": score,
+                "reward": 1 if passes(score) else 0,
+                "markers": self.env.markers(reply, case_now),
+            }
+            if self.custom:  # the rule is the gold: the monitor compares the two
+                row["rule_score"] = float(self.env.score(reply, case_now))
+            rows.append(row)
         self.last_batch = rows
         self.history.extend(rows)
         self.calls += 1
