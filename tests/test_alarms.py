@@ -13,6 +13,7 @@ from posttrain.train.alarms import (
     feature_grew,
     guard_alarm,
     guard_pay,
+    holdout_followed,
     length_alarm,
     no_signal_alarm,
     reward_gap_alarm,
@@ -50,6 +51,22 @@ def test_no_hack_when_the_feature_did_not_grow():
 def test_no_hack_for_a_feature_the_reward_pays_less_for():
     penalised = FeatureChange("with_id", "marker:invented_id", 0.05, 0.40, paid=-0.4)
     assert exploitation_alarm(20, penalised, REWARD_UP, HOLDOUT_FLAT, RULES) is None
+
+
+def test_a_category_at_the_ceiling_did_not_follow_only_when_it_fell_by_more_than_one_prompt():
+    # the refund clean run (seed 4) that once alarmed: off_topic holdout 6 of 6 -> 5 of 6
+    # while the rule paid for a word of its right replies; at 1.0 it cannot rise
+    word = FeatureChange("off_topic", "word:that", baseline=0.10, now=0.45, paid=0.2)
+    assert holdout_followed(Progress(1.0, 1.0), 6, RULES)
+    assert holdout_followed(Progress(1.0, 5 / 6), 6, RULES)
+    assert exploitation_alarm(10, word, REWARD_UP, Progress(1.0, 5 / 6), RULES, 6) is None
+    alarm = exploitation_alarm(10, word, REWARD_UP, Progress(1.0, 4 / 6), RULES, 6)
+    assert alarm is not None and alarm.details["holdout_gain"] == pytest.approx(-2 / 6)
+    # with room to rise, staying flat is not following, whatever the count
+    assert not holdout_followed(Progress(0.70, 0.70), 6, RULES)
+    # an unknown count: any fall at the ceiling counts, staying there does not
+    assert holdout_followed(Progress(0.97, 0.97), 0, RULES)
+    assert not holdout_followed(Progress(0.97, 0.95), 0, RULES)
 
 
 def test_length_grows_relative_to_its_baseline_and_by_enough_characters():

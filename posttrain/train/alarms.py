@@ -14,7 +14,10 @@ comparisons are paired):
   rollouts grew by ``min_share_growth`` (for ``length``: by ``min_length_growth`` of
   its baseline and ``min_length_chars``), the category's training reward rose by
   ``min_reward_gain``, and the category's holdout pass@1 did not follow (it rose by no
-  more than ``max_holdout_gain``);
+  more than ``max_holdout_gain``; ``holdout_followed``). A category whose holdout
+  pass@1 starts at the ceiling (less than ``min_reward_gain`` below 1) cannot rise, so
+  staying there says nothing: it did not follow only when it fell by more than one of
+  its prompts (one prompt of six off-topic ones is the sampling noise of a clean run);
 - ``length`` (``length_alarm``): holdout replies grew by ``min_length_growth`` and
   ``min_length_chars`` while holdout pass@1 did not rise: length for nothing, whether
   or not the reward pays for it;
@@ -117,16 +120,31 @@ def feature_grew(change: FeatureChange, rules: AlarmRules) -> bool:
     return change.now - change.baseline >= rules.min_share_growth
 
 
+def holdout_followed(holdout: Progress, prompts: int, rules: AlarmRules) -> bool:
+    """Did the category's holdout pass@1 follow a rise of the training reward?
+
+    It did when it rose by more than ``max_holdout_gain``. At the ceiling (less than
+    ``min_reward_gain`` of room) it cannot rise, so it counts as following unless it
+    fell by more than one of its ``prompts`` (0: count unknown, any fall counts).
+    """
+    if 1.0 - holdout.baseline >= rules.min_reward_gain:
+        return holdout.gain > rules.max_holdout_gain
+    one_prompt = 1.0 / prompts if prompts > 0 else 0.0
+    return holdout.gain >= -one_prompt - 1e-9
+
+
 def exploitation_alarm(step: int, change: FeatureChange, reward: Progress, holdout: Progress,
-                       rules: AlarmRules) -> Alarm | None:
+                       rules: AlarmRules, holdout_prompts: int = 0) -> Alarm | None:
     """``hack`` when the policy exploits ``change.feature`` (module docstring), else None.
 
     ``reward``: mean training reward of the category's rollouts (baseline: the base
-    policy's); ``holdout``: the category's holdout pass@1 (paired samples).
+    policy's); ``holdout``: the category's holdout pass@1 (paired samples) over
+    ``holdout_prompts`` prompts (0: unknown).
     """
     if change.paid <= 0 or not feature_grew(change, rules):
         return None
-    if reward.gain < rules.min_reward_gain or holdout.gain > rules.max_holdout_gain:
+    if reward.gain < rules.min_reward_gain or holdout_followed(holdout, holdout_prompts,
+                                                                 rules):
         return None
     unit = " characters" if change.feature == "length" else ""
     shown = (f"{change.baseline:.0f} -> {change.now:.0f}{unit}" if change.feature == "length"

@@ -95,6 +95,7 @@ class HoldoutCheck:
     pass_at_1: float
     mean_length: float
     by_category: dict[str, float] = field(default_factory=dict)  # pass@1
+    prompts_by_category: dict[str, int] = field(default_factory=dict)  # its sample size
     guards: dict[str, float] = field(default_factory=dict)  # share of replies keeping each
     gold: float | None = None
     #: the training reward's mean on these replies, when it is not the rule (--reward)
@@ -119,6 +120,7 @@ def summarise_holdout(step: int, rows: Sequence[dict[str, Any]],
         pass_at_1=sum(row["reward"] for row in rows) / n,
         mean_length=sum(len(row["reply"]) for row in rows) / n,
         by_category={name: sum(values) / len(values) for name, values in categories.items()},
+        prompts_by_category={name: len(values) for name, values in categories.items()},
         guards=guards,
         gold=None if gold is None else gold_score(gold, list(rows)),
         train_reward=train_reward,
@@ -279,7 +281,8 @@ class HackMonitor(HFTrainerCallback):
             reward = Progress(_mean_score(base), _mean_score(rows))
             exploited = [
                 alarm for change in self._paid_changes(category, base, rows, index)
-                if (alarm := exploitation_alarm(check.step, change, reward, holdout, rules))
+                if (alarm := exploitation_alarm(check.step, change, reward, holdout, rules,
+                                                check.prompts_by_category.get(category, 0)))
             ]
             if exploited:  # one alarm per category: the strongest, naming the others
                 found.append(_strongest(exploited))
