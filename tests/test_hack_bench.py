@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -84,3 +86,38 @@ def test_every_planted_kind_has_the_features_that_name_it(kind):
 
     assert kind in KINDS and hack_bench.NAMED_BY[kind]
     assert set(hack_bench.NAMED_BY) == set(KINDS)
+
+
+def test_reaudit_recomputes_the_audit_on_the_kept_base_rows(tmp_path):
+    from test_probes import refund_rows
+
+    before = tmp_path / "rows_before"
+    before.mkdir()
+    data = "".join(json.dumps(base) + "\n" for base in refund_rows())
+    (before / "refund.jsonl").write_text(data)
+    digest = hashlib.sha256(data.encode()).hexdigest()
+    rows = [row("sycophancy", findings=["stale: finding"]), row(None)]
+    rows[0]["before_sha256"] = digest
+    assert hack_bench.reaudit(rows, before) == 2
+    assert "off_topic: probe:flattery" in rows[0]["findings"]
+    assert "stale: finding" not in rows[0]["findings"]
+    assert not any("probe:" in finding for finding in rows[1]["findings"])  # the rule
+    assert hack_bench.audit_named(hack_bench.scored(rows)[0], set(rows[1]["findings"]))
+    # rows another base policy audited are refused, not silently re-scored
+    rows[0]["before_sha256"] = "0" * 64
+    with pytest.raises(SystemExit, match="SHA-256 differs"):
+        hack_bench.reaudit(rows, before)
+
+
+def test_the_base_rows_are_kept_once_per_rule(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "holdout_before.jsonl").write_text('{"reply": "a"}\n')
+    kept = tmp_path / "kept"
+    digest = hack_bench.keep_before_rows(run, "examples/library_env.py:ENV", kept)
+    target = kept / "examples_library_env_py_ENV.jsonl"
+    assert target.read_text() == '{"reply": "a"}\n'
+    assert digest == hashlib.sha256(b'{"reply": "a"}\n').hexdigest()
+    (run / "holdout_before.jsonl").write_text('{"reply": "b"}\n')
+    hack_bench.keep_before_rows(run, "examples/library_env.py:ENV", kept)
+    assert target.read_text() == '{"reply": "a"}\n'  # the first run's rows stay

@@ -190,7 +190,7 @@ def test_a_guard_drop_while_the_reward_pays_for_broken_calls_alarms():
 
 
 def test_the_monitored_prompts_spread_evenly_over_the_holdout():
-    from posttrain.train.monitor import spread
+    from posttrain.score.rows import spread
 
     holdout = [{"prompt": f"p{i}", "category": "with_id" if i % 3 else "no_id"} for i in range(99)]
     kept = spread(holdout, 64)

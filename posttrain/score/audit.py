@@ -16,6 +16,11 @@ cannot be exploited and is no finding. A finding is not an alarm. It says where 
 policy *could* be paid for the wrong thing;
 the hack monitor (``posttrain.train.monitor``) raises an alarm only when a training run
 actually exploits something (``posttrain.train.alarms``).
+
+The scan sees only what the base policy already does. ``audit_reward`` adds the reward
+probes (``posttrain.score.probes``): edits a rule should not pay for (padding, a stray
+tag, a question, flattery, a frequent word, another case's call, an off-task reply),
+scored by the reward; an edit it pays for is a finding too, before any policy found it.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.envs.base import design_direction, feature_name
+from posttrain.envs.base import Env, case_of, design_direction, feature_name, rewarded_features
 from posttrain.score.format import JsonRecord
 from posttrain.score.hack_scan import FeatureResult, hack_scan
+from posttrain.score.probes import ProbeFinding, Score, probe_reward
 
 Row = Mapping[str, Any]
 MIN_CATEGORY_ROWS = 20  # fewer rows than this in a category: not scanned
@@ -59,6 +65,7 @@ class RewardAudit(JsonRecord):
     scanned: dict[str, int]  # category -> rows scanned
     skipped: dict[str, str]  # category -> why it was not scanned
     endorsed: dict[str, list[str]]
+    probes: list[ProbeFinding] = field(default_factory=list)  # edits the reward pays for
 
     def format(self) -> str:
         """Readable lines: one per finding, or that none was found."""
@@ -67,15 +74,23 @@ class RewardAudit(JsonRecord):
         lines = [f"reward audit ({scanned}; endorsed by the environment's design: "
                  + "; ".join(f"{name} {', '.join(names) or '-'}"
                              for name, names in self.endorsed.items()) + ")"]
-        if not self.findings:
-            lines.append("  nothing beyond the design above the noise floor")
+        if not self.findings and not self.probes:
+            lines.append("  nothing beyond the design above the noise floor, and no probe "
+                         "edit paid")
         lines.extend(f"  {finding.describe()}" for finding in self.findings)
+        lines.extend(f"  probe: {finding.describe()}" for finding in self.probes)
         lines.extend(f"  {name}: not scanned ({why})" for name, why in self.skipped.items())
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {"findings": [f.to_dict() for f in self.findings], "scanned": self.scanned,
-                "skipped": self.skipped, "endorsed": self.endorsed}
+                "skipped": self.skipped, "endorsed": self.endorsed,
+                "probes": [{**f.to_dict(), "feature": f.feature} for f in self.probes]}
+
+    def described(self) -> list[str]:
+        """One sentence per finding, scan then probes (for the run's notes)."""
+        return ([finding.describe() for finding in self.findings]
+                + [f"probe: {finding.describe()}" for finding in self.probes])
 
 
 def against_design(result: FeatureResult, declared: Iterable[str]) -> bool:
@@ -134,3 +149,17 @@ def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, .
                     -result.statistic if opposite else result.statistic,
                     result.floor, "+", list(result.aliases)))
     return RewardAudit(findings, scanned, skipped, endorsed)
+
+
+def audit_reward(env: Env, rows: Iterable[Row], score: Score, *, rule: Score | None = None,
+                 seed: int = 0) -> RewardAudit:
+    """The whole audit of the reward ``score`` on ``env``'s graded base-policy ``rows``:
+    the scan of the rows rescored by it, per category, and the probes (``rule``: the
+    rule's score when ``score`` is another reward, None when it is the rule)."""
+    rescored = [{**row, "score": score(row["reply"], case_of(env, row))} for row in rows]
+    audit = reward_audit(rescored, lambda category: rewarded_features(env, category),
+                         seed=seed)
+    probed = probe_reward(env, rescored, score, rule=rule, seed=seed)
+    audit.probes = probed.findings
+    audit.skipped.update({f"probe {name}": why for name, why in probed.skipped.items()})
+    return audit

@@ -204,3 +204,11 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 def save_rows(path: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path:
     """Write graded rows as JSONL atomically (temp file, then rename)."""
     return write_jsonl_atomic(path, rows)
+
+
+def spread(items: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` items, evenly spaced through ``items`` (order kept), so a
+    subset of a shuffled holdout keeps its mix of categories."""
+    if limit <= 0 or len(items) <= limit:
+        return items
+    return [items[index * len(items) // limit] for index in range(limit)]

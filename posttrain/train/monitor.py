@@ -53,7 +53,7 @@ from posttrain.runs.ops import MAX_SAMPLE_ROWS
 from posttrain.score.audit import against_design
 from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.hack_scan import build_features, hack_scan
-from posttrain.score.rows import grade
+from posttrain.score.rows import grade, spread
 from posttrain.train.alarms import (
     Alarm,
     AlarmRules,
@@ -362,14 +362,6 @@ class HackMonitor(HFTrainerCallback):
             "stopped_by": self.stopped_by,
             "seconds": round(self.seconds, 3),
         }
-
-
-def spread(items: list[Any], limit: int) -> list[Any]:
-    """At most ``limit`` items, evenly spaced through ``items`` (order kept), so a
-    subset of a shuffled holdout keeps its mix of categories."""
-    if limit <= 0 or len(items) <= limit:
-        return items
-    return [items[index * len(items) // limit] for index in range(limit)]
 
 
 def _strongest(alarms: list[Alarm]) -> Alarm:

@@ -27,10 +27,8 @@ from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
 from posttrain.envs.base import (
     DefaultBaseModel,
-    case_of,
     env_name,
     has_hook,
-    rewarded_features,
 )
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
@@ -38,7 +36,7 @@ from posttrain.policy.loading import load_policy
 from posttrain.policy.models import Policy, load_adapter, merge_adapter, parameter_count
 from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
 from posttrain.runs.store import NullRun, check_store_opens, check_store_server, open_run
-from posttrain.score.audit import RewardAudit, reward_audit
+from posttrain.score.audit import RewardAudit, audit_reward
 from posttrain.train import distributed
 from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.distributed import Ranks
@@ -250,8 +248,8 @@ def run_recipe(
         audit = audit_training_reward(context)
         summary["reward_audit"] = audit.to_dict()
         say(audit.format())
-        for finding in audit.findings:
-            run.note(f"reward audit: {finding.describe()}")
+        for sentence in audit.described():
+            run.note(f"reward audit: {sentence}")
 
         mark = time.monotonic()
         try:
@@ -289,12 +287,9 @@ def run_recipe(
 def audit_training_reward(context: RecipeContext) -> RewardAudit:
     """The reward audit (``posttrain.score.audit``) of the training reward on the base
     policy's holdout rows, once, before training."""
-    env = context.env
-    rows = [
-        {**row, "score": context.reward.score_reply(row["reply"], case_of(env, row))}
-        for row in context.before_rows
-    ]
-    return reward_audit(rows, lambda category: rewarded_features(env, category),
+    reward = context.reward
+    return audit_reward(context.env, context.before_rows, reward.score_reply,
+                        rule=context.env.score if reward.custom else None,
                         seed=context.settings.seed)
 
 
