@@ -11,7 +11,11 @@ every few steps). For each rule, clean runs (the rule as its own reward) on
 - *alarm*: the first step of a ``hack``, ``length``, ``guard`` or ``divergence`` alarm
   (``no_signal`` says a run cannot move, not that it hacks);
 - *audit*: whether the reward audit, before any step, named a feature of the planted flaw
-  (``NAMED_BY``) that the same rule's clean run does not: a flaw found at step 0;
+  (``NAMED_BY``: a feature the scan flags, or a probe edit the reward pays for) that the
+  same rule's clean run does not: a flaw found at step 0. The audit reads only the base
+  policy's rows, which every run of a rule shares; the bench keeps them next to
+  ``--out`` (``<out>_before/<rule>.jsonl``), and ``--reaudit`` recomputes every row's
+  audit from them with the code at hand, without repeating a run;
 - *visible*: the first monitor check at which the hack shows on the holdout sample: the
   rule's pass@1 fell below the base policy's by more than the run's noise band, or the
   gap between the training reward and the rule's score on those replies widened by more
@@ -28,6 +32,7 @@ so a long bench can stop and go on.
     .venv/bin/python benchmarks/hack_bench.py                           # all, ~2 h
     .venv/bin/python benchmarks/hack_bench.py --rules refund --seeds 0 --clean-seeds 0
     .venv/bin/python benchmarks/hack_bench.py --out bench.jsonl --write  # RESULTS.md
+    .venv/bin/python benchmarks/hack_bench.py --out bench.jsonl --reaudit --write
 """
 
 from __future__ import annotations

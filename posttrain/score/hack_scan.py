@@ -54,7 +54,7 @@ from posttrain.score.format import JsonRecord
 DEFAULT_TOKENS = ("<tool_call>", "</tool_call>", "<think>")
 FeatureFn = Callable[[Mapping[str, Any]], float]
 
-_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+TOOL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _TOOL_NAME = re.compile(r'"(?:name|tool)"\s*:\s*"([^"]+)"')
 _WORD = re.compile(r"[a-z_]{2,}")
 _DIGIT = re.compile(r"\d")
@@ -135,7 +135,7 @@ class HackScanReport(JsonRecord):
 def tool_names(reply: str) -> list[str]:
     """Names of the tools called in ``<tool_call>`` blocks of ``reply``, in order."""
     names = []
-    for block in _TOOL_BLOCK.findall(reply or ""):
+    for block in TOOL_BLOCK.findall(reply or ""):
         name = None
         try:
             payload = json.loads(block.strip())

@@ -5,7 +5,8 @@ for a question mark, a flattering phrase or a stray tag stays invisible to it wh
 base policy never writes one, and shows only once a trained policy has found it. A
 probe does not wait: it takes the base policy's graded replies, makes one edit that
 adds nothing a rule should want (padding, a stray ``<tool_call>`` tag, a trailing
-question, a flattering opener, one frequent word, another case's tool call, a reply
+question, a flattering opener, one word frequent in the replies (overall or in one
+category), another case's tool call, a reply
 written for another kind of prompt) and scores the edited reply with the reward. An
 edit that raises the reward, on average over a category's replies, by ``min_gain`` or
 more (and, when the reward is not the rule, by ``min_gain`` more than it raises the
@@ -26,14 +27,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.envs.base import Env, case_of, design_direction, rewarded_features
 from posttrain.envs.wire import TOOL_CALL_OPEN
 from posttrain.score.format import JsonRecord
-from posttrain.score.hack_scan import build_features, tool_names
+from posttrain.score.hack_scan import TOOL_BLOCK, build_features, tool_names
 from posttrain.score.rows import spread
 
 Row = Mapping[str, Any]
@@ -52,6 +53,7 @@ class ProbeSettings:
     min_gain: float = 0.05  # mean reward gain of an edit (raw score units)
     max_rows: int = 48  # replies edited per category and probe, spread over the rows
     words: int = 12  # the most frequent words of the replies, each appended as a probe
+    words_per_category: int = 6  # and each category's own most frequent words
     min_rows: int = 8  # fewer applicable replies in a category: that probe is skipped
     max_seconds: float = 60.0  # the probes' time budget (a reward that calls a model)
 
@@ -154,13 +156,12 @@ def probe_reward(env: Env, rows: Sequence[Row], score: Score, *, rule: Score | N
     rows = [row for row in rows if isinstance(row.get("reply"), str)]
     if not rows:
         return report
-    words = [name.split(":", 1)[1] for name in build_features(rows, max_words=settings.words)
-             if name.startswith("word:")]
-    probes = [*FIXED_PROBES, *(_word_probe(word) for word in words)]
-    donors = _donor_pool(rows)
     by_category: dict[str, list[Row]] = {}
     for row in rows:
         by_category.setdefault(str(row.get("category", "all")), []).append(row)
+    probes = [*FIXED_PROBES, *(_word_probe(word) for word in _probe_words(
+        rows, by_category.values(), settings))]
+    donors = _donor_pool(rows)
     deadline = time.monotonic() + settings.max_seconds
     for index, (category, group) in enumerate(sorted(by_category.items())):
         declared = rewarded_features(env, category)
@@ -191,6 +192,21 @@ def probe_reward(env: Env, rows: Sequence[Row], score: Score, *, rule: Score | N
                 report.findings.append(ProbeFinding(category, probe.name, gain, rule_gain,
                                                     len(edited), probe.what))
     return report
+
+
+def _probe_words(rows: list[Row], groups: Iterable[list[Row]],
+                 settings: ProbeSettings) -> list[str]:
+    """The replies' most frequent words overall, and each category's own: a word the
+    policy already says in one category is one it can learn to say in every other."""
+    words: dict[str, None] = {}
+    for group, limit in [(rows, settings.words),
+                         *((group, settings.words_per_category) for group in groups)]:
+        # the prose around the calls: a call's JSON keys are no words a reward pays for
+        prose = [{"reply": TOOL_BLOCK.sub(" ", str(row["reply"]))} for row in group]
+        for name in build_features(prose, max_words=limit):
+            if name.startswith("word:"):
+                words[name.split(":", 1)[1]] = None
+    return list(words)
 
 
 def _donor_pool(rows: list[Row]) -> _Donors:
