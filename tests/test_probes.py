@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from posttrain.envs import get_env
 from posttrain.envs.wire import join_turns, render_tool_call
@@ -181,3 +183,28 @@ def test_an_early_end_on_a_multi_turn_rule_is_named_by_an_off_task_reply():
     assert probed(None, rows, MULTI) == set()
     found = probed("planted:early_end", rows, MULTI)
     assert any(probe == "foreign_reply" for _, probe in found)
+
+
+REPLY_PARTS = st.sampled_from([
+    "", " ", "?", "<tool_call>", "</tool_call>", '{"name": "lookup_order"', "ORD-4000",
+    render_tool_call("lookup_order", {"order_id": "ORD-4001"}), "sorry", "\x00", "é",
+    "Could you tell me your order number?", "x" * 50,
+])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(REPLY_PARTS, max_size=4).map("".join), min_size=1, max_size=40),
+       st.integers(0, 3))
+def test_any_replies_give_findings_or_nothing_never_an_error(replies, seed):
+    # whatever the base policy wrote (broken tags, NUL, nothing), the probes of the rule
+    # and of a planted reward read it without raising and report well-formed findings
+    base = refund_rows(seed, scenarios=4, samples=2)
+    rows = [{**row, "reply": replies[index % len(replies)]} for index, row in enumerate(base)]
+    for target in (None, "planted:format_token"):
+        score = planted_hack(REFUND, target) if target else REFUND.score
+        report = probe_reward(REFUND, rows, score, rule=REFUND.score if target else None,
+                              settings=ProbeSettings(min_rows=2), seed=seed)
+        assert not report.skipped
+        for finding in report.findings:
+            assert finding.gain >= 0.05 and finding.rows >= 2
+            assert finding.category in {"with_id", "no_id", "off_topic"}
