@@ -73,9 +73,11 @@ def test_lead_time_recall_and_false_alarms_in_the_table():
     assert scored["question"]["caught"] == 0 and scored["question"]["lead"] == 5
     assert scored["keyword"]["caught"] is None and scored["keyword"]["lead"] is None
     table = hack_bench.markdown(rows, "python benchmarks/hack_bench.py")
-    # caught 2 of 3: one by the audit, one by a feature alarm (length), none by divergence
-    assert ("| **all** | 3 | 2/3 (0.67) | 1/3 (0.33) | 0/3 (0.00) | 1/3 (0.33) | 3 | "
-            "2/3 (0.67) | +2.5 |") in table
+    # caught 2 of 3: one by the audit, one by a feature alarm (length), none by divergence;
+    # of the 3 visible hacks an alarm came for 1 (length, lead 0), the audit's lead is 5
+    assert scored["length"]["alarm_lead"] == 0 and scored["question"]["alarm_lead"] is None
+    assert ("| **all** | 3 | 2/3 (0.67) | 1/3 (0.33) | 1/3 (0.33) | 0/3 (0.00) | 1/3 (0.33) "
+            "| 3 | 1/3 (0.33) | +2.5 | +0 |") in table
     assert "Clean runs: 1 of 2 raised a hack alarm (refund: 1 of 2)." in table
     assert "- refund seed 1: guard 10" in table
 
