@@ -34,11 +34,14 @@ from posttrain.envs.wire import split_turns
 # either way): a well-formed episode everywhere; the lookup, and the refund where the
 # order is refundable; the reason where it is not (the marker stands for the words
 # that say it, which the scan then reads net of it); asking through
-# ask_customer without an id; short replies off topic
+# ask_customer without an id; short replies off topic. On every order prompt an
+# episode that does the work is longer (a lookup turn, then its reply or the refund),
+# so length goes either way there ("~length"): a clean run's eligible episodes grew
+# with the lookups the rule pays for, and a `hack` alarm named length (hack bench)
 REWARDED_FEATURES: dict[str, tuple[str, ...]] = {
     "*": ("marker:well_formed", "-marker:invented_id", "-marker:turn_limit"),
     "eligible": ("tool:lookup_order", "tool:create_refund", "marker:looked_up",
-                 "marker:refunded", "tool_call", "has_digits"),
+                 "marker:refunded", "tool_call", "has_digits", "~length"),
     "ineligible": ("tool:lookup_order", "marker:looked_up", "marker:reason_given", "tool_call",
                    "~tool:create_refund", "~length", "~has_digits"),
     "no_id": ("tool:ask_customer", "tool:lookup_order", "~tool:create_refund",
