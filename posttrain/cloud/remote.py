@@ -21,6 +21,7 @@ from typing import Any
 from posttrain.cli import build_parser, main
 from posttrain.errors import PosttrainError
 from posttrain.runs.folder import runs_root
+from posttrain.runs.postgres_store import is_postgres_url
 
 VOLUME_NAME = "posttrain"  # the Modal Volume holding runs/, models/ and hf/
 VOLUME_ROOT = "/posttrain"  # where the container mounts it
@@ -71,6 +72,13 @@ def plan_launch(command: str, raw: list[str] | tuple[str, ...]) -> LaunchPlan:
         if name == "--runs-dir":
             raise PosttrainError(f"--runs-dir: on Modal the runs live on the volume "
                                  f"{VOLUME_NAME!r} ({VOLUME_ROOT}/runs); leave it out")
+        if name == "--store":
+            value = inline or (argv[index + 1] if index + 1 < len(argv) else "")
+            if not is_postgres_url(value):
+                raise PosttrainError(
+                    f"--store {value}: on Modal a run writes to the volume's store, or to a "
+                    f"PostgreSQL database the container can reach (--store "
+                    f"postgresql://user:password@host/db); a file here is not there")
         if name in FILE_FLAGS:
             value = inline or (argv[index + 1] if index + 1 < len(argv) else "")
             if value != "reference" and not value.startswith(VOLUME_ROOT + "/"):

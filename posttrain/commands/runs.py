@@ -1,4 +1,6 @@
-"""``posttrain runs list|delete``: the runs recorded under a runs folder, from the terminal."""
+"""``posttrain runs list|export|delete|copy``: the runs recorded in a run store (the runs
+folder's SQLite file, or the store ``--store`` / ``$POSTTRAIN_STORE`` names), from the
+terminal."""
 
 from __future__ import annotations
 
@@ -6,15 +8,19 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from posttrain.atomic import check_output_path, write_text_atomic
 from posttrain.errors import PosttrainError
+from posttrain.runs.copy import copy_runs
 from posttrain.runs.export import export_run
 from posttrain.runs.folder import runs_root
+from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url
 from posttrain.runs.removal import delete_run
+from posttrain.runs.sql_store import SqlRunStore
 from posttrain.runs.sqlite_store import SqliteRunStore
-from posttrain.runs.store import DB_FILENAME
+from posttrain.runs.store import DB_FILENAME, STORE_HELP, describe_store, open_store, store_spec
 
 RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)"
 
@@ -22,8 +28,9 @@ RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUN
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "runs",
-        help="list the recorded runs; export or delete one",
-        description="The runs recorded in <runs>/posttrain.db, the store the dashboard reads. "
+        help="list the recorded runs; export, delete or copy them",
+        description="The runs recorded in the run store the dashboard reads: <runs>/"
+        "posttrain.db, or the PostgreSQL database or file --store (or $POSTTRAIN_STORE) names. "
         "A run still marked running whose process stopped sending heartbeats (killed, "
         "crashed, machine lost) is listed as 'lost'.",
     )
@@ -36,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stopped or lost), steps, verdict and paired delta, base model, start time.",
     )
     listing.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    listing.add_argument("--store", default=None, metavar="URL_OR_FILE", help=STORE_HELP)
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
     listing.set_defaults(func=run_list)
 
@@ -49,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--out", default=None, metavar="FILE",
                         help="where to write it (default: stdout)")
     export.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    export.add_argument("--store", default=None, metavar="URL_OR_FILE", help=STORE_HELP)
     export.set_defaults(func=run_export)
 
     delete = actions.add_parser(
@@ -59,44 +68,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     delete.add_argument("names", nargs="+", metavar="NAME", help="run name(s) to delete")
     delete.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    delete.add_argument("--store", default=None, metavar="URL_OR_FILE", help=STORE_HELP)
     delete.add_argument("--force", action="store_true",
                         help="delete even a run that still sends heartbeats")
     delete.set_defaults(func=run_delete)
 
+    copy = actions.add_parser(
+        "copy", help="copy runs into another store (e.g. a team's PostgreSQL)",
+        description="Copy runs from this store (the runs folder's posttrain.db, or --store) "
+        "into the store --to names, with every curve at full resolution, notes, alarms, kept "
+        "replies, status and summary as they were. Run folders stay where they are. A run "
+        "the target already has is skipped unless --replace.",
+    )
+    copy.add_argument("names", nargs="*", metavar="NAME", help="runs to copy (default: all)")
+    copy.add_argument("--to", required=True, metavar="URL_OR_FILE",
+                      help="the target store: postgresql://user@host/db or a SQLite file")
+    copy.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    copy.add_argument("--store", default=None, metavar="URL_OR_FILE",
+                      help="the source store (default: $POSTTRAIN_STORE, else "
+                      "<runs folder>/posttrain.db)")
+    copy.add_argument("--replace", action="store_true",
+                      help="overwrite runs the target already has")
+    copy.set_defaults(func=run_copy)
 
-def _store(runs_dir: str | None):
-    """The runs folder and its store; None for the store when nothing was ever recorded
-    (a listing must not create an empty database as a side effect)."""
-    root = runs_root(runs_dir)
-    path = root / DB_FILENAME
-    return root, (SqliteRunStore(path) if path.is_file() else None)
+
+def _store(args: argparse.Namespace) -> tuple[Path, SqlRunStore | None, str]:
+    """The runs folder, its store and the store's name; None for the store when a SQLite
+    file was never made (a listing must not create an empty database as a side effect)."""
+    root = runs_root(args.runs_dir)
+    spec = store_spec(getattr(args, "store", None))
+    if spec is not None and is_postgres_url(spec):
+        # a command does not hold records for later: it says the database is down
+        return root, PostgresRunStore(spec, hold_when_down=False), describe_store(spec)
+    path = root / DB_FILENAME if spec is None else Path(spec)
+    return root, (SqliteRunStore(path) if path.is_file() else None), str(path)
 
 
-def _existing_store(runs_dir: str | None):
+def _existing_store(args: argparse.Namespace) -> tuple[Path, SqlRunStore]:
     """The runs folder and its store, which must exist (export and delete read it)."""
-    root, store = _store(runs_dir)
+    root, store, where = _store(args)
     if store is None:
-        raise PosttrainError(f"no run store at {root / DB_FILENAME}: no run has been recorded "
-                             f"under {root} (pass --runs-dir or set $POSTTRAIN_RUNS)")
+        raise PosttrainError(f"no run store at {where}: no run has been recorded there "
+                             f"(pass --runs-dir or --store, or set $POSTTRAIN_RUNS or "
+                             f"$POSTTRAIN_STORE)")
     return root, store
 
 
 def run_list(args: argparse.Namespace) -> int:
-    root, store = _store(args.runs_dir)
+    root, store, where = _store(args)
     runs = []
     if store is not None:
         with store:
             runs = store.list_runs()
     if args.json:
-        print(json.dumps({"runs_dir": str(root), "runs": runs}, indent=2, allow_nan=False))
+        print(json.dumps({"runs_dir": str(root), "store": where, "runs": runs}, indent=2,
+                         allow_nan=False))
         return 0
     if not runs:
-        print(f"no runs recorded under {root}")
+        print(f"no runs recorded in {where}")
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"runs in {root}", title_justify="left")
+    table = Table(title=f"runs in {where}", title_justify="left")
     for column in ("run", "status", "steps", "verdict", "delta", "base model", "started"):
         table.add_column(column, justify="right" if column in ("steps", "delta") else "left")
     for run in runs:
@@ -138,7 +172,7 @@ def _duration(seconds: float) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    root, store = _existing_store(args.runs_dir)
+    root, store = _existing_store(args)
     if args.out is not None:  # before the store is read: the export must not replace it
         check_output_path(args.out, what="--out", not_same_as=[root / DB_FILENAME])
     with store:
@@ -154,8 +188,32 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    root, store = _existing_store(args.runs_dir)
+    root, store = _existing_store(args)
     with store:
         for name in args.names:
             print(delete_run(store, root, name, force=args.force).describe())
     return 0
+
+
+def run_copy(args: argparse.Namespace) -> int:
+    _, source = _existing_store(args)
+    target_spec = args.to.strip()
+    if describe_store(target_spec) == source.location or (
+            not is_postgres_url(target_spec) and getattr(source, "path", None) is not None
+            and Path(target_spec).resolve() == source.path.resolve()):
+        raise PosttrainError(f"--to {describe_store(target_spec)} is the store the runs come "
+                             f"from; name another one")
+    with source:
+        if is_postgres_url(target_spec):
+            target: SqlRunStore = PostgresRunStore(target_spec, hold_when_down=False)
+        else:
+            target = open_store(target_spec)
+        with target:
+            names = list(args.names) or None
+            results = copy_runs(source, target, names, replace=args.replace)
+    for result in results:
+        print(result.describe())
+    copied = sum(1 for result in results if not result.skipped)
+    print(f"{copied} of {len(results)} runs copied from {source.location} to "
+          f"{target.location}", file=sys.stderr)
+    return 0 if copied or not results else 1

@@ -13,7 +13,7 @@ from posttrain.errors import PosttrainError
 from posttrain.http_guard import is_loopback
 from posttrain.interrupts import interruptible
 from posttrain.runs.folder import runs_root
-from posttrain.runs.store import DB_FILENAME, TOKEN_ENV
+from posttrain.runs.store import DB_FILENAME, STORE_HELP, TOKEN_ENV, store_spec
 from posttrain.ui.announce import announce_dashboard
 from posttrain.ui.app import dashboard_server
 
@@ -42,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)",
     )
+    parser.add_argument("--store", default=None, metavar="URL_OR_FILE", help=STORE_HELP)
     parser.add_argument(
         "--host",
         default="127.0.0.1",
@@ -78,13 +79,16 @@ def run(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.port <= 65535:
         raise PosttrainError(f"--port must be between 0 and 65535, got {args.port}")
-    store_path = runs_root(args.runs_dir) / DB_FILENAME
-    server = dashboard_server(store_path, args.host, args.port, token)
+    root = runs_root(args.runs_dir)
+    store = store_spec(args.store) or str(root / DB_FILENAME)
+    server = dashboard_server(store, args.host, args.port, token, runs_root=root)
     port = server.server_address[1]
     url = dashboard_url(args.host, port)
-    print(f"posttrain ui: serving {store_path} at {url}  (Ctrl-C to stop)", flush=True)
-    if server.store.damage is not None:  # serving anyway: the pages say it until it is fixed
-        print(f"posttrain ui: {server.store.damage}", file=sys.stderr, flush=True)
+    print(f"posttrain ui: serving {server.store.location} at {url}  (Ctrl-C to stop)",
+          flush=True)
+    damage = getattr(server.store, "damage", None)
+    if damage is not None:  # serving anyway: the pages say it until it is fixed
+        print(f"posttrain ui: {damage}", file=sys.stderr, flush=True)
     if token:
         print(
             f"  training elsewhere: POSTTRAIN_SERVER={url.rstrip('/')} "
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # recipes started on this runs folder print their run page's URL; Ctrl-C and
         # SIGTERM stop it even when started in the background with SIGINT ignored
-        with interruptible(), announce_dashboard(store_path.parent, url):
+        with interruptible(), announce_dashboard(root, url):
             server.start()
             threading.Event().wait()
     except KeyboardInterrupt:

@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.runs.ops import RunStoreError, check_run_name
-from posttrain.runs.sqlite_store import SqliteRunStore
+from posttrain.runs.sql_store import SqlRunStore
 from posttrain.score.rows import load_rows
 
 EXPORT_FORMAT = 1
 ROW_FILES = ("holdout_before.jsonl", "holdout_after.jsonl")
 
 
-def export_run(store: SqliteRunStore, runs_root: Path, name: str) -> dict[str, Any]:
+def export_run(store: SqlRunStore, runs_root: Path, name: str) -> dict[str, Any]:
     """Status, config, summary, progress, notes, alarms, every curve at full resolution,
     and the run folder's graded holdout rows (when the folder is there).
 
@@ -21,7 +21,7 @@ def export_run(store: SqliteRunStore, runs_root: Path, name: str) -> dict[str, A
     check_run_name(name)
     run = store.get_run(name)
     if run is None:
-        raise RunStoreError(f"no run named {name!r} in {store.path}")
+        raise RunStoreError(f"no run named {name!r} in {store.location}")
     metrics = {}
     for metric in run["metric_names"]:
         series = store.metric_series(name, metric)

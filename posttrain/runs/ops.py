@@ -68,11 +68,20 @@ class RunStillAlive(RunStoreError):
     """The run is ``running`` with a fresh heartbeat, so it cannot be deleted yet."""
 
 
-class DamagedStore(RunStoreError):
+class StoreUnavailable(RunStoreError):
+    """The store cannot be used now (its file is damaged, its server cannot be reached):
+    the store's state, not the caller's input; the message names the store and what to do."""
+
+    http_status = 503
+
+
+class DamagedStore(StoreUnavailable):
     """The store's file is not a readable SQLite database (overwritten, truncated, cut
     by a full disk); the message names the file and how to recover."""
 
-    http_status = 503
+
+class StoreUnreachable(StoreUnavailable):
+    """The store's database server does not answer (down, restarting, a lost connection)."""
 
 
 def check_run_name(name: object) -> str:

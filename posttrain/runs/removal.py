@@ -15,7 +15,7 @@ from pathlib import Path
 from posttrain.runs.claim import LOCK_FILE, is_live
 from posttrain.runs.folder import is_run_folder
 from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name
-from posttrain.runs.sqlite_store import SqliteRunStore
+from posttrain.runs.sql_store import SqlRunStore
 
 
 class NoSuchRun(RunStoreError):
@@ -36,7 +36,7 @@ class DeletedRun:
         return f"deleted run {self.name!r}: " + " and ".join(parts)
 
 
-def delete_run(store: SqliteRunStore, runs_root: Path, name: str, *,
+def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
                force: bool = False) -> DeletedRun:
     """Delete run ``name``: ``<runs_root>/<name>/`` first, then its record in ``store`` (so a
     removal that fails part-way leaves a record to delete again).
@@ -65,9 +65,9 @@ def delete_run(store: SqliteRunStore, runs_root: Path, name: str, *,
     is_run = has_folder and (known is not None or folder.is_symlink() or is_run_folder(folder))
     if known is None and not is_run:
         if has_folder:
-            raise NoSuchRun(f"{folder} is not a posttrain run (no record in {store.path}, no "
+            raise NoSuchRun(f"{folder} is not a posttrain run (no record in {store.location}, no "
                             "config.json naming a recipe): nothing was deleted")
-        raise NoSuchRun(f"no run named {name!r} in {store.path} or {runs_root}")
+        raise NoSuchRun(f"no run named {name!r} in {store.location} or {runs_root}")
     if is_run:
         try:
             if folder.is_symlink():  # remove the link, never what it points at

@@ -1,4 +1,5 @@
-"""The run server: the HTTP API over a ``SqliteRunStore`` (on ``posttrain.http_core``).
+"""The run server: the HTTP API over a run store, SQLite or PostgreSQL (on
+``posttrain.http_core``).
 
 Training processes post batched ops to it (``HttpRunStore``); the dashboard reads JSON
 from it. Endpoints (all JSON; errors in the core's envelope
@@ -33,8 +34,10 @@ from posttrain.http_core import (
     Rules,
     json_response,
 )
-from posttrain.runs.ops import DamagedStore, RunStillAlive, RunStoreError, check_run_name
+from posttrain.runs.ops import RunStillAlive, RunStoreError, StoreUnavailable, check_run_name
+from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url
 from posttrain.runs.removal import NoSuchRun, delete_run
+from posttrain.runs.sql_store import SqlRunStore
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 __all__ = ["HttpError", "Request", "Response", "RunServer", "csv_response", "json_response",
@@ -79,12 +82,20 @@ def writes_need_token(method: str, path: str) -> bool:
 
 
 class RunServer(HttpServer):
-    """The run server; ``store`` is its ``SqliteRunStore``."""
+    """The run server; ``store`` is its run store, ``runs_root`` the folder holding the run
+    folders (default: the SQLite file's folder)."""
 
-    def __init__(self, address: tuple[str, int], store: SqliteRunStore,
+    def __init__(self, address: tuple[str, int], store: SqlRunStore,
                  token: str | None = None,
-                 read_timeout_s: float = SOCKET_TIMEOUT_SECONDS) -> None:
+                 read_timeout_s: float = SOCKET_TIMEOUT_SECONDS,
+                 runs_root: str | Path | None = None) -> None:
         self.store = store
+        if runs_root is None:
+            if not isinstance(store, SqliteRunStore):
+                store.close()
+                raise ValueError("a run server over a database names its runs folder")
+            runs_root = store.path.parent
+        self.runs_root = Path(runs_root)
         self.token = token or None
         try:
             super().__init__(address[0], address[1],
@@ -117,7 +128,7 @@ def _store_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """A store call whose refusal of bad input is a 400."""
     try:
         return call(*args, **kwargs)
-    except DamagedStore:
+    except StoreUnavailable:
         raise  # the server's state, not the request's fault: a 503 (its http_status)
     except RunStoreError as error:
         raise HttpError(400, str(error)) from None
@@ -152,13 +163,13 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         if not isinstance(payload, dict) or not isinstance(payload.get("force", False), bool):
             raise HttpError(400, 'expected a JSON object {"force": true|false}')
         try:
-            deleted = delete_run(store, store.path.parent, _run_name(request),
+            deleted = delete_run(store, server.runs_root, _run_name(request),
                                  force=payload.get("force", False))
         except NoSuchRun as error:
             raise HttpError(404, str(error)) from None
         except RunStillAlive as error:
             raise HttpError(409, str(error)) from None
-        except DamagedStore:
+        except StoreUnavailable:
             raise  # a 503 (its http_status)
         except RunStoreError as error:  # the folder could not be removed: the record stays
             raise HttpError(500, str(error)) from None
@@ -202,16 +213,25 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
     ]
 
 
-def serve(store_path: str | Path, host: str = "127.0.0.1", port: int = 8765,
-          token: str | None = None) -> RunServer:
-    """Create a run server on ``host:port`` (0 picks a free port) over the SQLite file.
+def serve(store: str | Path, host: str = "127.0.0.1", port: int = 8765,
+          token: str | None = None, runs_root: str | Path | None = None) -> RunServer:
+    """Create a run server on ``host:port`` (0 picks a free port) over ``store``: a SQLite
+    file's path or a PostgreSQL URL (``runs_root``: the run folders; default the SQLite
+    file's folder).
 
     Returns the server without starting it: call ``serve_forever()`` (in a thread for
     tests, see ``start_in_thread``) and ``shutdown(); server_close()`` to stop. A damaged
-    store file does not stop it: every API call answers 503 with the file and how to
-    recover (``store.damage``), until the file is moved aside or repaired.
+    store file or an unreachable database does not stop it: every API call answers 503
+    with the store and what to do, until it is fixed.
     """
-    return RunServer((host, port), SqliteRunStore(store_path, tolerate_damage=True), token)
+    spec = str(store)
+    if is_postgres_url(spec):
+        if runs_root is None:
+            raise ValueError("a run server over PostgreSQL needs runs_root (the run folders)")
+        opened: SqlRunStore = PostgresRunStore(spec, hold_when_down=False)
+    else:
+        opened = SqliteRunStore(spec, tolerate_damage=True)
+    return RunServer((host, port), opened, token, runs_root=runs_root)
 
 
 def start_in_thread(server: RunServer, poll_interval: float = 0.05) -> threading.Thread:

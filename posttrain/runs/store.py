@@ -1,13 +1,18 @@
 """The run store: where a training run's config, curves, progress, notes, alarms and
 summary go while it trains, for the dashboard and the report to read.
 
-One interface, two back ends:
+One interface, three back ends:
 
 - ``SqliteRunStore(path)``: one SQLite file, ``<runs root>/posttrain.db`` by default, WAL
   mode (one writer, many readers; what was logged before a crash stays logged).
+- ``PostgresRunStore(url)``: a PostgreSQL database a team shares, chosen by ``--store
+  postgresql://...`` or ``POSTTRAIN_STORE`` (``posttrain/runs/postgres_store.py``).
 - ``HttpRunStore(server_url, token)``: the same ops posted in batches to a posttrain
   server (``posttrain/runs/server.py``), chosen when ``POSTTRAIN_SERVER`` is set
   (``POSTTRAIN_TOKEN`` is its bearer token). Never blocks or crashes training.
+
+Which one a run writes to: an explicit store (``--store`` / ``POSTTRAIN_STORE``: a
+PostgreSQL URL or a SQLite file's path), else the server, else the runs folder's file.
 
 Training code talks to a ``RunHandle`` from ``open_run(name, config)``, or to ``NullRun()``
 when nothing should be recorded: the two have the same methods, so callers never write
@@ -34,23 +39,41 @@ from posttrain.runs.ops import (
     FINISH_STATUSES,
     HEARTBEAT_SECONDS,
     MAX_SAMPLE_ROWS,
-    DamagedStore,
     RunStoreError,
+    StoreUnavailable,
     check_run_name,
     clean_metrics,
 )
+from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url, redacted
+from posttrain.runs.sql_store import SqlRunStore
 from posttrain.runs.sqlite_store import SqliteRunStore
 
 __all__ = [
-    "DB_FILENAME", "METRICS_FILENAME", "HttpRunStore", "NullRun", "RunHandle", "RunStore",
-    "RunStoreError", "SqliteRunStore", "check_run_name", "check_store_server",
-    "default_store", "open_run",
+    "DB_FILENAME",
+    "METRICS_FILENAME",
+    "HttpRunStore",
+    "NullRun",
+    "PostgresRunStore",
+    "RunHandle",
+    "RunStore",
+    "RunStoreError",
+    "SqlRunStore",
+    "SqliteRunStore",
+    "check_run_name",
+    "check_store_server",
+    "default_store",
+    "open_run",
+    "open_store",
+    "store_spec",
 ]
 
 DB_FILENAME = "posttrain.db"
 METRICS_FILENAME = "metrics.jsonl"
 SERVER_ENV = "POSTTRAIN_SERVER"
 TOKEN_ENV = "POSTTRAIN_TOKEN"
+STORE_ENV = "POSTTRAIN_STORE"
+STORE_HELP = ("the run store: a PostgreSQL URL (postgresql://user@host/db, shared by a team) "
+              "or a SQLite file ($POSTTRAIN_STORE; default: <runs folder>/posttrain.db)")
 
 
 @runtime_checkable
@@ -100,12 +123,42 @@ class RunStore(Protocol):
         ...
 
 
-def default_store(runs_root: str | os.PathLike = "runs") -> RunStore:
-    """The store a run writes to when none is given.
+def store_spec(store: str | None = None) -> str | None:
+    """The store asked for: ``store`` (a ``--store`` flag), else ``POSTTRAIN_STORE``; None
+    when neither names one (blank counts as unset)."""
+    for value in (store, os.environ.get(STORE_ENV)):
+        if value is not None and value.strip():
+            return value.strip()
+    return None
 
-    ``HttpRunStore(POSTTRAIN_SERVER, POSTTRAIN_TOKEN)`` when ``POSTTRAIN_SERVER`` is set,
+
+def describe_store(spec: str) -> str:
+    """``spec`` as it may be shown or recorded (a URL's password hidden)."""
+    return redacted(spec) if is_postgres_url(spec) else spec
+
+
+def open_store(spec: str, *, for_server: bool = False) -> SqlRunStore:
+    """The store ``spec`` names: a PostgreSQL URL, else a SQLite file's path (relative
+    to the working folder). ``for_server``: a dashboard's store, which answers a lost
+    database with 503s instead of holding records, and tolerates a damaged file."""
+    if is_postgres_url(spec):
+        return PostgresRunStore(spec, hold_when_down=not for_server)
+    if "://" in spec:
+        raise RunStoreError(f"unknown run store {describe_store(spec)!r}: expected a "
+                            f"postgresql:// URL or a SQLite file's path")
+    return SqliteRunStore(spec, tolerate_damage=for_server)
+
+
+def default_store(runs_root: str | os.PathLike = "runs", store: str | None = None) -> RunStore:
+    """The store a run writes to.
+
+    The store named by ``store`` or ``POSTTRAIN_STORE`` (``open_store``); else
+    ``HttpRunStore(POSTTRAIN_SERVER, POSTTRAIN_TOKEN)`` when ``POSTTRAIN_SERVER`` is set;
     else ``SqliteRunStore(<runs_root>/posttrain.db)`` (the folder is created).
     """
+    spec = store_spec(store)
+    if spec is not None:
+        return open_store(spec)
     server = os.environ.get(SERVER_ENV, "").strip()
     if server:
         return HttpRunStore(check_server_url(server, SERVER_ENV),
@@ -123,10 +176,15 @@ def check_store_server() -> None:
         check_server_url(server, SERVER_ENV)
 
 
-def check_store_opens(runs_root: str | os.PathLike = "runs") -> None:
-    """Open and close the SQLite store a run would write to, so that a damaged or
-    unwritable file is said (``RunStoreError``, one line) before a model loads rather
-    than after. With ``POSTTRAIN_SERVER`` set there is no local file to check."""
+def check_store_opens(runs_root: str | os.PathLike = "runs", store: str | None = None) -> None:
+    """Open and close the store a run would write to, so that a damaged or unwritable
+    file, or a database that does not answer, is said (``RunStoreError``, one line)
+    before a model loads rather than after. With only ``POSTTRAIN_SERVER`` set there is
+    nothing local to check."""
+    spec = store_spec(store)
+    if spec is not None:
+        open_store(spec).close()
+        return
     if os.environ.get(SERVER_ENV, "").strip():
         return
     SqliteRunStore(Path(runs_root) / DB_FILENAME).close()
@@ -184,7 +242,7 @@ class RunHandle:
     def _guard(self, action: str, call: Any, *args: Any) -> None:
         try:
             call(self.name, *args)
-        except DamagedStore as error:  # the file broke under the run: the folder has it all
+        except StoreUnavailable as error:  # the store broke under the run: the folder has it all
             self._warn(action, error)
         except (RunStoreError, TypeError):
             raise
@@ -338,12 +396,13 @@ def _check_step(step: Any) -> None:
 
 def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None,
              run_dir: str | os.PathLike | None = None,
-             runs_root: str | os.PathLike = "runs",
+             runs_root: str | os.PathLike = "runs", store_url: str | None = None,
              heartbeat_seconds: float | None = HEARTBEAT_SECONDS) -> RunHandle:
     """Start run ``name`` with its ``config`` and return the handle that writes it.
 
-    ``store``: where to write; None picks ``default_store(runs_root)`` (the server named
-    by ``POSTTRAIN_SERVER``, else ``<runs_root>/posttrain.db``) and the handle closes it on
+    ``store``: where to write; None picks ``default_store(runs_root, store_url)`` (the
+    store named by ``store_url`` or ``POSTTRAIN_STORE``, else the server named by
+    ``POSTTRAIN_SERVER``, else ``<runs_root>/posttrain.db``) and the handle closes it on
     ``finish``. ``run_dir``: the run folder, which gets ``metrics.jsonl``.
     ``heartbeat_seconds``: how often the handle says the run is alive (None: never). An
     earlier run of the same name in the store is replaced. Raises ``RunStoreError`` for a
@@ -352,7 +411,7 @@ def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None
     check_run_name(name)
     owns_store = store is None
     if store is None:
-        store = default_store(runs_root)
+        store = default_store(runs_root, store_url)
     # created before the heartbeat thread starts: a beat never precedes the create
     handle = RunHandle(name, store, run_dir=run_dir, owns_store=owns_store,
                        heartbeat_seconds=None)

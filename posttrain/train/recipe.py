@@ -175,7 +175,9 @@ def run_recipe(
         # write into a scratch one
         new_run = None
         if ranks.is_main:
-            check_store_opens(root)  # a damaged store is said now, not after the load
+            # a damaged store or a database that does not answer is said now, not after
+            # the model loads
+            check_store_opens(root, settings.store)
             new_run = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
             folder = new_run.folder
         else:
@@ -216,7 +218,8 @@ def run_recipe(
     }
     folder.write_json("config.json", config)
     # one record of the run: the main process's (the others log nothing)
-    run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=root)
+    run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=root,
+                    store_url=settings.store)
            if ranks.is_main else NullRun())
     page = getattr(run, "url", None) or _local_run_page(root, settings.run_name)
     where = f"  dashboard: {page}" if page else ""

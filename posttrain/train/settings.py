@@ -17,6 +17,7 @@ from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
 from posttrain.runs.model_card import push_problem
+from posttrain.runs.store import describe_store
 from posttrain.text import slug
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
@@ -155,6 +156,12 @@ class RecipeSettings(DataFlags):
     runs_dir: str | None = field(
         default=None, metadata={"help": "folder holding run folders ($POSTTRAIN_RUNS or ./runs)"}
     )
+    store: str | None = field(
+        default=None,
+        metadata={"help": "the run store: a PostgreSQL URL (postgresql://user@host/db, one "
+                          "store a team shares) or a SQLite file ($POSTTRAIN_STORE; default: "
+                          "<runs folder>/posttrain.db, or $POSTTRAIN_SERVER when set)"},
+    )
     overwrite: bool = field(
         default=False, metadata={"help": "replace an existing run of the same name"}
     )
@@ -218,8 +225,11 @@ class RecipeSettings(DataFlags):
                 self.run_name = name + "-" + default[len(prefix):]
 
     def to_config(self) -> dict[str, Any]:
-        """Every field, for ``config.json``."""
-        return dataclasses.asdict(self)
+        """Every field, for ``config.json`` (a store URL's password hidden)."""
+        config = dataclasses.asdict(self)
+        if config.get("store"):
+            config["store"] = describe_store(config["store"])
+        return config
 
     def resolved_defaults(self, parameters: int) -> dict[str, Any]:
         """Settings whose default depends on others or on the model's size

@@ -177,7 +177,7 @@ def add_dashboard(server: RunServer) -> RunServer:
                                   "available": rows is not None, "rows": rows or [],
                                   "checks": checks})
         limit = request.int_param("limit", DEFAULT_SAMPLES, 1, MAX_SAMPLES)
-        path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
+        path = server.runs_root / name / SAMPLE_FILES[which]
         rows = read_samples(path, limit)
         return json_response({"run": name, "which": which, "available": rows is not None,
                               "rows": rows or [], "checks": checks})
@@ -196,7 +196,7 @@ def add_dashboard(server: RunServer) -> RunServer:
         except RunStoreError as error:
             raise HttpError(400, str(error)) from None
         which = request.choice_param("which", "after", list(SAMPLE_FILES))
-        path = Path(server.store.path).parent / name / SAMPLE_FILES[which]
+        path = server.runs_root / name / SAMPLE_FILES[which]
         rows = read_samples(path, limit=None, fields=None)
         if rows is None:
             raise HttpError(404, f"run {name!r} has no {SAMPLE_FILES[which]} (yet)")
@@ -216,11 +216,13 @@ def add_dashboard(server: RunServer) -> RunServer:
     return server
 
 
-def dashboard_server(store_path: str | Path, host: str = "127.0.0.1", port: int = 8765,
-                     token: str | None = None) -> RunServer:
-    """A run server over the SQLite file ``store_path`` with the dashboard's pages added.
+def dashboard_server(store: str | Path, host: str = "127.0.0.1", port: int = 8765,
+                     token: str | None = None, runs_root: str | Path | None = None
+                     ) -> RunServer:
+    """A run server over ``store`` (a SQLite file's path or a PostgreSQL URL; ``runs_root``:
+    the run folders, default the SQLite file's folder) with the dashboard's pages added.
 
     Not started: call ``serve_forever()`` (or ``start_in_thread``). ``port`` 0 picks a
     free port; ``token`` protects ``POST /api/ingest`` (reads stay open).
     """
-    return add_dashboard(serve(store_path, host, port, token))
+    return add_dashboard(serve(store, host, port, token, runs_root))
