@@ -42,6 +42,7 @@ from posttrain.service.protocols.tinker.requests import (
     text,
     whole,
 )
+from posttrain.service.protocols.tinker.rest import TinkerRest
 from posttrain.service.protocols.tinker.sampling import SamplerSource, TinkerSampling
 from posttrain.service.protocols.tinker.training import TinkerTraining
 from posttrain.text import echo
@@ -115,6 +116,8 @@ class TinkerService:
         self._lock = threading.Lock()
         self._sampling_sessions: dict[str, SamplingSession] = {}
         self._sampling_keys: dict[tuple[str, int], str] = {}
+        self.rest = TinkerRest(engine, run_of_model=self.training.run_of_model,
+                               samplers_of=self._samplers_of)
 
     # ------------------------------------------------------------ routes
 
@@ -142,6 +145,7 @@ class TinkerService:
             ("GET", "/samplers/{sampler_id}", self.get_sampler),
             ("POST", "/asample", self.asample),
             ("POST", "/retrieve_future", self.retrieve_future),
+            *self.rest.routes(),
         ]
         return [(method, PREFIX + path, self._answer(call)) for method, path, call in table]
 
@@ -192,6 +196,11 @@ class TinkerService:
                 sampling_session_id, session_id, source)
             self._sampling_keys[(session_id, seq)] = sampling_session_id
             return sampling_session_id
+
+    def _samplers_of(self, session_id: str) -> list[str]:
+        with self._lock:
+            return [entry.sampling_session_id for entry in self._sampling_sessions.values()
+                    if entry.session_id == session_id]
 
     def _sampling_session(self, sampling_session_id: Any) -> SamplingSession:
         with self._lock:

@@ -74,6 +74,7 @@ from posttrain.service.protocols.tinker.requests import (
     model_id_for,
     whole,
 )
+from posttrain.service.protocols.tinker.rest import check_user_metadata, write_side_record
 from posttrain.service.protocols.tinker.sampling import SamplerSource
 
 SUPPORTED_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
@@ -140,6 +141,19 @@ class TinkerTraining:
         self._lock = threading.Lock()
         self._models: dict[str, TrainingModel] = {}
 
+    def run_of_model(self, model_id: str) -> str | None:
+        """The run behind training client ``model_id`` (None when it is not one)."""
+        with self._lock:
+            model = self._models.get(model_id)
+        return model.run_id if model is not None else None
+
+    def _remember(self, model: TrainingModel, user_metadata: dict[str, str] | None) -> None:
+        """Add the client and keep its side record (model id, metadata) with its run."""
+        self._add_model(model)
+        write_side_record(self.engine.state_dir, model.run_id, {
+            "model_id": model.model_id, "session_id": model.session_id,
+            "lora_rank": model.lora_rank, "user_metadata": user_metadata, "owner": None})
+
     def _model(self, model_id: Any) -> TrainingModel:
         with self._lock:
             model = self._models.get(model_id) if isinstance(model_id, str) else None
@@ -162,13 +176,15 @@ class TinkerTraining:
         seed = whole(lora, "seed", low=0, high=2**63 - 1, default=None, where="lora_config.")
         targets = lora_targets(lora, self.lora_groups)
         check_optimizer_config(body.get("optimizer_config"))
+        user_metadata = check_user_metadata(body.get("user_metadata"))
         model_id = model_id_for(session_id, model_seq_id)
         spec = LoraSpec(rank=rank, alpha=TINKER_LORA_ALPHA, target_modules=targets,
                         seed=seed if seed is not None else uuid.uuid4().int % 2**62)
 
         def work() -> Answer:
             run = self.engine.create_run(session_id, spec)
-            self._add_model(TrainingModel(model_id, run["run_id"], session_id, rank))
+            self._remember(TrainingModel(model_id, run["run_id"], session_id, rank),
+                           user_metadata)
             return Answer.json({"model_id": model_id, "type": "create_model"})
 
         future, _ = self.futures.submit(("model", session_id, model_seq_id), digest_of(body),
@@ -214,8 +230,8 @@ class TinkerTraining:
         def work() -> Answer:
             run = self.engine.create_run_from_state(session_id, source.run_id, source.name,
                                                     optimizer=optimizer)
-            self._add_model(TrainingModel(model_id, run["run_id"], session_id,
-                                          run["lora"]["rank"]))
+            self._remember(TrainingModel(model_id, run["run_id"], session_id,
+                                         run["lora"]["rank"]), None)
             return Answer.json({"model_id": model_id, "path": source.path,
                                 "type": "load_weights"})
 
