@@ -402,3 +402,29 @@ def test_a_store_written_before_tiles_gets_them_when_opened(tmp_path):
     assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert connection.execute("SELECT count(*) FROM metric_tiles").fetchone()[0] == 469
     connection.close()
+
+
+def _open_and_write(path: str, name: str) -> None:
+    with SqliteRunStore(path) as store:
+        store.create_run(name, {})
+        store.log_metrics(name, 0, {"reward": 1.0})
+
+
+def test_eight_processes_opening_a_new_store_at_once_all_write(tmp_path):
+    # the first opener creates the tables; the others must wait for it, not take its
+    # half-made store for an old one to back up and migrate
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    path = str(tmp_path / "fresh" / "posttrain.db")
+    workers = [context.Process(target=_open_and_write, args=(path, f"run-{i}"))
+               for i in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [worker.exitcode for worker in workers] == [0] * 8
+    with SqliteRunStore(path) as store:
+        assert len(store.list_runs()) == 8
+    assert not list((tmp_path / "fresh").glob("*.bak")) and not list(
+        (tmp_path / "fresh").glob("*.partial"))

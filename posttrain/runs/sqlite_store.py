@@ -19,6 +19,7 @@ import functools
 import json
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -141,35 +142,44 @@ class SqliteRunStore(SqlRunStore):
             self.damage = None
 
     def _open_schema(self) -> None:
+        """Create, check or migrate the schema. Several processes may open a new store at
+        once (eight runs started together): creating the tables and stamping their version
+        is one ``BEGIN IMMEDIATE`` transaction, so the others wait for it and then find the
+        store current, never a half-made one they would take for an old store."""
         mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise RunStoreError(f"{self.path}: SQLite could not switch to WAL mode (got {mode})")
+        version = self._check_version()
+        if version < SCHEMA_VERSION and self._has_tables():
+            self._back_up(version)  # outside the write lock: a copy of an old store
+        with self._lock:
+            cursor = self._writer.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                version = self._check_version()  # another opener may have done it meanwhile
+                for statement in sql.schema_statements(sql.SQLITE):
+                    cursor.execute(statement)
+                if version < SCHEMA_VERSION:
+                    # a store written before tiles existed gets them once, here
+                    sql.migrate(sql.Db(cursor, sql.SQLITE), version)
+                    cursor.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                cursor.execute("COMMIT")
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+        missing = missing_columns(self._writer)
+        if missing:
+            raise DamagedStore(damaged_message(
+                self.path, f"its tables lack {', '.join(missing[:5])}"))
+
+    def _check_version(self) -> int:
         version = self._writer.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise RunStoreError(
                 f"{self.path}: run store schema {version} is newer than this posttrain "
                 f"understands ({SCHEMA_VERSION}); upgrade posttrain or use another file"
             )
-        if version < SCHEMA_VERSION and self._has_tables():
-            self._back_up(version)
-        for statement in sql.schema_statements(sql.SQLITE):
-            self._writer.execute(statement)
-        missing = missing_columns(self._writer)
-        if missing:
-            raise DamagedStore(damaged_message(
-                self.path, f"its tables lack {', '.join(missing[:5])}"))
-        if version < SCHEMA_VERSION:
-            # a store written before tiles existed gets them once, in one transaction
-            with self._lock:
-                cursor = self._writer.cursor()
-                cursor.execute("BEGIN IMMEDIATE")
-                try:
-                    sql.migrate(sql.Db(cursor, sql.SQLITE), version)
-                    cursor.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                    cursor.execute("COMMIT")
-                except BaseException:
-                    cursor.execute("ROLLBACK")
-                    raise
+        return int(version)
 
     def _has_tables(self) -> bool:
         return self._writer.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
@@ -184,7 +194,8 @@ class SqliteRunStore(SqlRunStore):
         target = self.backup_path(version)
         if target.exists():
             return
-        partial = target.with_name(target.name + ".partial")
+        # a name of its own: two processes migrating at once never write one file
+        partial = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.partial")
         copy = sqlite3.connect(partial)
         try:
             self._writer.backup(copy)
