@@ -96,9 +96,9 @@ def main() -> int:
                     with PostgresRunStore(url) as store:
                         check_complete(store, writers, args.steps)
                     cells.setdefault(("PostgreSQL", writers), []).append(rate)
-                print(f"repeat {repeat + 1}: " + ", ".join(
-                    f"{backend} x{count}: {rates[-1]:,.0f} points/s"
-                    for (backend, count), rates in cells.items()), flush=True)
+            print(f"repeat {repeat + 1}: " + ", ".join(
+                f"{backend} x{count}: {rates[-1]:,.0f} points/s"
+                for (backend, count), rates in cells.items()), flush=True)
     finally:
         server.stop("fast")
     command = (f".venv/bin/python benchmarks/store_writes.py --repeats {args.repeats} "
@@ -108,11 +108,15 @@ def main() -> int:
              f"{args.metrics} values per step, {args.steps} steps per run), median of "
              f"{args.repeats}; {cpu_description()}; PostgreSQL 15 on the same machine over "
              f"127.0.0.1. `{command}`", "",
-             "| store | 1 writer | 8 writers at once | 8 writers vs 1 |", "|---|---|---|---|"]
+             "| store | 1 writer | 8 writers at once | 8 writers vs 1 "
+             "| vs SQLite (1 / 8 writers) |",
+             "|---|---|---|---|---|"]
+    baseline = {count: statistics.median(cells[("SQLite", count)]) for count in (1, 8)}
     for backend in ("SQLite", "PostgreSQL"):
         one = statistics.median(cells[(backend, 1)])
         eight = statistics.median(cells[(backend, 8)])
-        lines.append(f"| {backend} | {one:,.0f} | {eight:,.0f} | {eight / one:.2f}x |")
+        lines.append(f"| {backend} | {one:,.0f} | {eight:,.0f} | {eight / one:.2f}x | "
+                     f"{one / baseline[1]:.2f}x / {eight / baseline[8]:.2f}x |")
     section = "\n".join(lines) + "\n"
     print(section)
     if args.write:

@@ -19,6 +19,7 @@ import functools
 import json
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -146,7 +147,7 @@ class SqliteRunStore(SqlRunStore):
         once (eight runs started together): creating the tables and stamping their version
         is one ``BEGIN IMMEDIATE`` transaction, so the others wait for it and then find the
         store current, never a half-made one they would take for an old store."""
-        mode = self._writer.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = self._wal_mode()
         if str(mode).lower() != "wal":
             raise RunStoreError(f"{self.path}: SQLite could not switch to WAL mode (got {mode})")
         version = self._check_version()
@@ -171,6 +172,19 @@ class SqliteRunStore(SqlRunStore):
         if missing:
             raise DamagedStore(damaged_message(
                 self.path, f"its tables lack {', '.join(missing[:5])}"))
+
+    def _wal_mode(self) -> str:
+        """Switch to WAL. The first switch of a new file needs it to itself, and SQLite
+        answers 'locked' at once (not after the busy timeout) while another opener
+        switches it: try again for up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                return str(self._writer.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _check_version(self) -> int:
         version = self._writer.execute("PRAGMA user_version").fetchone()[0]
