@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+from posttrain.access import ADMIN, NOBODY, Caller, identify
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import foreign_request, is_loopback
 from posttrain.jsonl import strict_json_loads, to_jsonable
@@ -71,6 +72,8 @@ class Request:
     query: dict[str, list[str]]
     headers: Mapping[str, str]
     body: bytes = b""
+    #: who sent it (``posttrain.access``): a tokens file's name, or the administrator
+    caller: Caller = ADMIN
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter ``name``, or ``default``."""
@@ -191,6 +194,8 @@ class Rules:
     """What a server enforces before a handler runs (module docstring)."""
 
     token: str | None = None
+    #: a tokens file's ``{token: name}`` (``posttrain.access``): named callers beside the token
+    tokens: Mapping[str, str] | None = None
     #: which requests need the token: ``needs_token(method, path)``; all of them by default
     needs_token: Callable[[str, str], bool] = lambda method, path: True
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -252,8 +257,8 @@ class Guard:
         if refusal is not None:
             await send_response(send, error_response(*refusal), close=True)
             return
-        if rules.token is not None and rules.needs_token(method, path) \
-                and not token_ok(headers, rules.token):
+        if (rules.token is not None or rules.tokens) and rules.needs_token(method, path) \
+                and identify(headers, rules.token, rules.tokens) is None:
             # the body, however large it is announced to be, stays unread
             await send_response(send, error_response(
                 401, f"missing or wrong token: {TOKEN_HINT}"), close=True)
@@ -331,7 +336,8 @@ def endpoint(handler: Handler, rules: Rules) -> Any:
         except ClientDisconnect:  # it hung up inside its body: no one to answer, no bug
             return StarletteResponse(b"", 400, {"connection": "close"})
         ours = Request(request.method, request.url.path, dict(request.path_params),
-                       parse_qs(request.url.query), request.headers, body)
+                       parse_qs(request.url.query), request.headers, body,
+                       identify(request.headers, rules.token, rules.tokens) or NOBODY)
         try:
             response = await run_in_threadpool(handler, ours)
         except HttpError as error:

@@ -208,13 +208,14 @@ def test_the_schema_version_is_checked_and_an_old_store_migrated(postgres_url):
     with PostgresRunStore(postgres_url) as store:
         write_a_run(store, points=200)
         expected = everything(store)
-        assert store.schema_version() == 2
-    # a store written before tiles existed: version 1, no tiles
+        assert store.schema_version() == 3
+    # a store written before tiles and owners existed: version 1
     with psycopg.connect(postgres_url, autocommit=True) as connection:
         connection.execute("DROP TABLE metric_tiles")
+        connection.execute("ALTER TABLE runs DROP COLUMN owner")
         connection.execute("UPDATE posttrain_schema SET version = 1")
     with PostgresRunStore(postgres_url) as store:
-        assert store.schema_version() == 2
+        assert store.schema_version() == 3
         assert everything(store) == expected
     with psycopg.connect(postgres_url, autocommit=True) as connection:
         connection.execute("UPDATE posttrain_schema SET version = 99")

@@ -169,3 +169,32 @@ def test_runs_and_checkpoints_survive_a_restart(trained, policy, state_dir, one_
     renderer = asyncio.run(checkpoint_utils.get_renderer_name_from_checkpoint_async(
         client, trained["paths"]["sampler-1"]))
     assert renderer == "role_colon"
+
+
+def test_named_tokens_own_their_runs_and_delete_only_their_checkpoints(policy, tmp_path,
+                                                                       one_torch_thread):
+    alice, bob, admin = "tml-alice-0123456789", "tml-bob-0123456789ab", "tml-admin-012345678"
+    server = start_server(Engine(BASE, tmp_path, policy=policy, torch_threads=one_torch_thread),
+                          port=0, token=admin, tokens={alice: "alice", bob: "bob"})
+    try:
+        client = tinker.ServiceClient(base_url=server.url, api_key=alice)
+        training = client.create_lora_training_client(base_model=BASE, rank=2).result()
+        path = training.save_state("mine").result().path
+        run_id = path.split("/")[2]
+        as_bob = tinker.RestClient(base_url=server.url, api_key=bob)
+        assert as_bob.get_training_run(run_id).result().model_owner == "alice"  # reads: all
+        with pytest.raises(tinker.PermissionDeniedError, match="created by alice"):
+            as_bob.delete_checkpoint_from_tinker_path(path).result()
+        tinker.RestClient(base_url=server.url, api_key=alice).delete_checkpoint_from_tinker_path(
+            path).result()
+        second = training.save_state("again").result().path
+        tinker.RestClient(base_url=server.url, api_key=admin).delete_checkpoint_from_tinker_path(
+            second).result()
+        assert tinker.RestClient(base_url=server.url, api_key=alice).list_checkpoints(
+            run_id).result().checkpoints == []
+        with pytest.raises(tinker.AuthenticationError):
+            tinker.RestClient(base_url=server.url, api_key="tml-wrong-0123456789").\
+                list_training_runs().result()
+        client.close("success").result()
+    finally:
+        server.stop()

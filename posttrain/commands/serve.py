@@ -6,6 +6,7 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
+from posttrain.access import load_tokens
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 from posttrain.errors import PosttrainError
 from posttrain.service.engine.requests import Limits
@@ -35,6 +36,13 @@ class ServeSettings:
     token: str | None = field(
         default=None,
         metadata={"help": "bearer token every request must send (Authorization: Bearer ...)"},
+    )
+    tokens: str | None = field(
+        default=None,
+        metadata={"help": "a JSON file of name -> token, one per person (tokens the tinker "
+                  "SDK sends start with tml-): a training client records the name whose "
+                  "token created it, every token reads all runs and deletes only its own "
+                  "checkpoints (--token stays the administrator's)"},
     )
     state_dir: str | None = field(
         default=None,
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         token=settings.token,
+        tokens=load_tokens(settings.tokens) if settings.tokens else None,
         state_dir=settings.state_dir,
         verbose=not settings.quiet,
         torch_threads=settings.torch_threads,

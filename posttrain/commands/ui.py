@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 
+from posttrain.access import load_tokens
 from posttrain.commands.dataclass_args import whole_number
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import is_loopback
@@ -44,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--store", default=None, metavar="URL_OR_FILE", help=STORE_HELP)
     parser.add_argument(
+        "--tokens", default=None, metavar="FILE",
+        help="a JSON file of name -> token, one per person: a run records the name whose "
+        "token sent it, every token reads all runs and deletes only its own (--token stays "
+        "the administrator's, who may delete any)")
+    parser.add_argument(
         "--host",
         default="127.0.0.1",
         help="address to listen on; anything but a loopback address needs "
@@ -72,7 +78,8 @@ def dashboard_url(host: str, port: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    if not is_loopback(args.host) and not token:
+    tokens = load_tokens(args.tokens) if args.tokens else None
+    if not is_loopback(args.host) and not token and not tokens:
         raise PosttrainError(
             f"--host {args.host} would let other machines write runs here without a token: "
             f"pass --token SECRET (or set {TOKEN_ENV}), or keep the default --host 127.0.0.1"
@@ -81,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         raise PosttrainError(f"--port must be between 0 and 65535, got {args.port}")
     root = runs_root(args.runs_dir)
     store = store_spec(args.store) or str(root / DB_FILENAME)
-    server = dashboard_server(store, args.host, args.port, token, runs_root=root)
+    server = dashboard_server(store, args.host, args.port, token, runs_root=root,
+                              tokens=tokens)
     port = server.server_address[1]
     url = dashboard_url(args.host, port)
     print(f"posttrain ui: serving {server.store.location} at {url}  (Ctrl-C to stop)",
@@ -89,12 +97,15 @@ def run(args: argparse.Namespace) -> int:
     damage = getattr(server.store, "damage", None)
     if damage is not None:  # serving anyway: the pages say it until it is fixed
         print(f"posttrain ui: {damage}", file=sys.stderr, flush=True)
-    if token:
+    if token or tokens:
         print(
             f"  training elsewhere: POSTTRAIN_SERVER={url.rstrip('/')} "
-            f"{TOKEN_ENV}=<the token> posttrain grpo ...",
+            f"{TOKEN_ENV}=<your token> posttrain grpo ...",
             flush=True,
         )
+    if tokens:
+        print(f"  {len(tokens)} named tokens from {args.tokens}: each deletes only its own "
+              f"runs", flush=True)
     try:
         # recipes started on this runs folder print their run page's URL; Ctrl-C and
         # SIGTERM stop it even when started in the background with SIGINT ignored

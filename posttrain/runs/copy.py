@@ -77,15 +77,17 @@ def copy_runs(source: SqlRunStore, target: SqlRunStore, names: list[str] | None 
             results.append(CopiedRun(name, skipped=f"{target.location} already has it "
                                                    f"(--replace to overwrite)"))
             continue
+        record = source.get_run(name)
+        owner = record["owner"] if record is not None else None  # who created it stays
         batch: list[dict[str, Any]] = []
         count = 0
         for op in run_ops(source, name):
             batch.append(op)
             if len(batch) >= BATCH_OPS:
-                count += target.apply(batch)
+                count += target.apply(batch, owner=owner)
                 batch = []
         if batch:
-            count += target.apply(batch)
+            count += target.apply(batch, owner=owner)
         results.append(CopiedRun(name, count) if count else
                        CopiedRun(name, skipped=f"no such run in {source.location}"))
     return results

@@ -68,6 +68,12 @@ class RunStillAlive(RunStoreError):
     """The run is ``running`` with a fresh heartbeat, so it cannot be deleted yet."""
 
 
+class NotYours(RunStoreError):
+    """The caller's token did not create the run it wants to delete."""
+
+    http_status = 403
+
+
 class StoreUnavailable(RunStoreError):
     """The store cannot be used now (its file is damaged, its server cannot be reached):
     the store's state, not the caller's input; the message names the store and what to do."""

@@ -95,7 +95,7 @@ class PostgresRunStore(SqlRunStore):
         self.close_wait_seconds = close_wait_seconds
         self._lock = threading.RLock()
         self._writer: Any = None
-        self._held: list[tuple[list[dict[str, Any]], str]] = []
+        self._held: list[tuple[list[dict[str, Any]], str, str | None]] = []
         self._down_since: float | None = None
         self._next_attempt = 0.0
         self._closed = False
@@ -195,27 +195,28 @@ class PostgresRunStore(SqlRunStore):
 
     # --- writing -----------------------------------------------------------------------
 
-    def _apply_checked(self, checked: list[dict[str, Any]], batch_id: str | None) -> int:
+    def _apply_checked(self, checked: list[dict[str, Any]], batch_id: str | None,
+                       owner: str | None = None) -> int:
         # an id for every batch: a retry after a connection died mid-commit is applied once
         batch = batch_id if batch_id is not None else uuid.uuid4().hex
         if not self.hold_when_down:
-            return self._deliver(checked, batch)
+            return self._deliver(checked, batch, owner)
         now = time.time()
         for op in checked:  # held ops keep the time they were logged, not delivered
             if op["time"] is None and op["op"] != "heartbeat":
                 op["time"] = now
         with self._lock:
-            self._held.append((checked, batch))
+            self._held.append((checked, batch, owner))
             self._deliver_held(wait_seconds=0.0)
         return len(checked)
 
-    def _deliver(self, checked: list[dict[str, Any]], batch: str) -> int:
+    def _deliver(self, checked: list[dict[str, Any]], batch: str, owner: str | None) -> int:
         """Apply one batch; a connection found dead (a restarted server) is opened again
         and the batch tried once more."""
         try:
-            return super()._apply_checked(checked, batch)
+            return super()._apply_checked(checked, batch, owner)
         except StoreUnreachable:
-            return super()._apply_checked(checked, batch)
+            return super()._apply_checked(checked, batch, owner)
 
     def _deliver_held(self, wait_seconds: float) -> None:
         """Deliver held batches in order; while the server is down, try again at most
@@ -227,9 +228,9 @@ class PostgresRunStore(SqlRunStore):
                     return
                 time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
                 continue
-            ops, batch = self._held[0]
+            ops, batch, owner = self._held[0]
             try:
-                self._deliver(ops, batch)
+                self._deliver(ops, batch, owner)
             except StoreUnreachable as error:
                 self._next_attempt = time.monotonic() + RECONNECT_EVERY_SECONDS
                 if self._down_since is None:
@@ -250,7 +251,7 @@ class PostgresRunStore(SqlRunStore):
     def held_ops(self) -> int:
         """How many ops wait for the server to answer again."""
         with self._lock:
-            return sum(len(ops) for ops, _ in self._held)
+            return sum(len(ops) for ops, _, _ in self._held)
 
     def close(self) -> None:
         """Deliver what is held (waiting up to ``close_wait_seconds``), then disconnect.
@@ -262,8 +263,8 @@ class PostgresRunStore(SqlRunStore):
             if self._held:
                 self._next_attempt = 0.0
                 self._deliver_held(wait_seconds=self.close_wait_seconds)
-            left = sum(len(ops) for ops, _ in self._held)
-            runs = sorted({op["run"] for ops, _ in self._held for op in ops})
+            left = sum(len(ops) for ops, _, _ in self._held)
+            runs = sorted({op["run"] for ops, _, _ in self._held for op in ops})
             self._held.clear()
             self._drop_writer()
         if left:

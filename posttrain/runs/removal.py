@@ -12,9 +12,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from posttrain.access import ADMIN, Caller
 from posttrain.runs.claim import LOCK_FILE, is_live
 from posttrain.runs.folder import is_run_folder
 from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name
+from posttrain.runs.sql import check_owner
 from posttrain.runs.sql_store import SqlRunStore
 
 
@@ -37,7 +39,7 @@ class DeletedRun:
 
 
 def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
-               force: bool = False) -> DeletedRun:
+               force: bool = False, caller: Caller = ADMIN) -> DeletedRun:
     """Delete run ``name``: ``<runs_root>/<name>/`` first, then its record in ``store`` (so a
     removal that fails part-way leaves a record to delete again).
 
@@ -45,12 +47,14 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
     holds a run's ``config.json`` (``is_run_folder``); with neither, nothing is deleted.
     Raises ``RunStoreError`` when the name is unsafe, when there is no run of that name,
     when the run is still alive and ``force`` is False, or when the folder cannot be
-    removed (the record is kept then).
+    removed (the record is kept then). A ``caller`` from a tokens file deletes only the
+    runs it created (``NotYours``, before anything is removed).
     """
     check_run_name(name)
     folder = Path(runs_root) / name
     has_folder = folder.is_symlink() or folder.is_dir()
     known = store.get_run(name)
+    check_owner(name, known["owner"] if known is not None else None, caller)
     if has_folder and not folder.is_symlink() and is_live(folder):  # force cannot override:
         # the process is certainly there, and its next write would bring the run back
         raise RunStillAlive(
@@ -78,5 +82,5 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
             raise RunStoreError(
                 f"could not remove {folder} ({error.strerror or error}): part of it may be "
                 f"left; its record is kept, so deleting {name!r} again retries") from None
-    record = store.delete_run(name, force=True) if known is not None else False
+    record = store.delete_run(name, force=True, caller=caller) if known is not None else False
     return DeletedRun(name, record, folder if is_run else None)

@@ -22,6 +22,7 @@ body is read, the body limit, timeouts and the error envelope are the core's.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,13 @@ from posttrain.http_core import (
     Rules,
     json_response,
 )
-from posttrain.runs.ops import RunStillAlive, RunStoreError, StoreUnavailable, check_run_name
+from posttrain.runs.ops import (
+    NotYours,
+    RunStillAlive,
+    RunStoreError,
+    StoreUnavailable,
+    check_run_name,
+)
 from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url
 from posttrain.runs.removal import NoSuchRun, delete_run
 from posttrain.runs.sql_store import SqlRunStore
@@ -88,7 +95,8 @@ class RunServer(HttpServer):
     def __init__(self, address: tuple[str, int], store: SqlRunStore,
                  token: str | None = None,
                  read_timeout_s: float = SOCKET_TIMEOUT_SECONDS,
-                 runs_root: str | Path | None = None) -> None:
+                 runs_root: str | Path | None = None,
+                 tokens: Mapping[str, str] | None = None) -> None:
         self.store = store
         if runs_root is None:
             if not isinstance(store, SqliteRunStore):
@@ -99,7 +107,8 @@ class RunServer(HttpServer):
         self.token = token or None
         try:
             super().__init__(address[0], address[1],
-                             Rules(token=self.token, needs_token=writes_need_token,
+                             Rules(token=self.token, tokens=tokens or None,
+                                   needs_token=writes_need_token,
                                    max_body_bytes=MAX_BODY_BYTES,
                                    read_timeout_s=read_timeout_s, name="posttrain ui"))
         except Exception:
@@ -145,7 +154,8 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         batch_id = payload.get("batch")
         if batch_id is not None and (not isinstance(batch_id, str) or len(batch_id) > 100):
             raise HttpError(400, "'batch' must be a string of at most 100 characters")
-        applied = _store_call(store.apply, payload["ops"], batch_id=batch_id)
+        applied = _store_call(store.apply, payload["ops"], batch_id=batch_id,
+                              owner=request.caller.name or None)
         return json_response({"ok": True, "applied": applied, "duplicate": applied == 0
                               and bool(payload["ops"])})
 
@@ -164,11 +174,13 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
             raise HttpError(400, 'expected a JSON object {"force": true|false}')
         try:
             deleted = delete_run(store, server.runs_root, _run_name(request),
-                                 force=payload.get("force", False))
+                                 force=payload.get("force", False), caller=request.caller)
         except NoSuchRun as error:
             raise HttpError(404, str(error)) from None
         except RunStillAlive as error:
             raise HttpError(409, str(error)) from None
+        except NotYours as error:
+            raise HttpError(403, str(error)) from None
         except StoreUnavailable:
             raise  # a 503 (its http_status)
         except RunStoreError as error:  # the folder could not be removed: the record stays
@@ -214,10 +226,12 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
 
 
 def serve(store: str | Path, host: str = "127.0.0.1", port: int = 8765,
-          token: str | None = None, runs_root: str | Path | None = None) -> RunServer:
+          token: str | None = None, runs_root: str | Path | None = None,
+          tokens: Mapping[str, str] | None = None) -> RunServer:
     """Create a run server on ``host:port`` (0 picks a free port) over ``store``: a SQLite
     file's path or a PostgreSQL URL (``runs_root``: the run folders; default the SQLite
-    file's folder).
+    file's folder). ``token``: the administrator's; ``tokens``: a tokens file's
+    ``{token: name}`` (``posttrain.access``), whose runs record their creator.
 
     Returns the server without starting it: call ``serve_forever()`` (in a thread for
     tests, see ``start_in_thread``) and ``shutdown(); server_close()`` to stop. A damaged
@@ -231,7 +245,7 @@ def serve(store: str | Path, host: str = "127.0.0.1", port: int = 8765,
         opened: SqlRunStore = PostgresRunStore(spec, hold_when_down=False)
     else:
         opened = SqliteRunStore(spec, tolerate_damage=True)
-    return RunServer((host, port), opened, token, runs_root=runs_root)
+    return RunServer((host, port), opened, token, runs_root=runs_root, tokens=tokens)
 
 
 def start_in_thread(server: RunServer, poll_interval: float = 0.05) -> threading.Thread:

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.runs.ops import RunStillAlive
+from posttrain.access import ADMIN, Caller
+from posttrain.runs.ops import NotYours, RunStillAlive
 
-SCHEMA_VERSION = 2  # 2: metric_tiles
+SCHEMA_VERSION = 3  # 2: metric_tiles; 3: runs.owner
 TILE_STEPS = 64
 # the tables holding a run's rows besides `runs` (a re-created or deleted run loses them)
 RUN_TABLES = ("metrics", "metric_tiles", "metric_names", "notes", "alarms", "samples")
@@ -90,7 +91,8 @@ CREATE TABLE IF NOT EXISTS runs (
     summary TEXT NOT NULL DEFAULT '{{}}',
     status TEXT NOT NULL DEFAULT 'running',
     started {real}, updated {real}, finished {real},
-    last_step {integer}, total_steps {integer}, eta {real}
+    last_step {integer}, total_steps {integer}, eta {real},
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS metric_names (
     run TEXT NOT NULL, name TEXT NOT NULL, PRIMARY KEY (run, name)
@@ -135,9 +137,20 @@ def migrate(db: Db, version: int) -> None:
     themselves exist: ``schema_statements`` ran first). Each step, in order:
 
     - 1 -> 2: curve tiles, summarised from the points already stored.
+    - 2 -> 3: ``runs.owner``, the tokens-file name that created a run (none before).
     """
     if version < 2:
         backfill_tiles(db)
+    if version < 3 and "owner" not in _columns(db, "runs"):
+        db.run("ALTER TABLE runs ADD COLUMN owner TEXT")
+
+
+def _columns(db: Db, table: str) -> set[str]:
+    if db.dialect is SQLITE:
+        return {row[1] for row in db.all(f"PRAGMA table_info({table})")}
+    return {row[0] for row in db.all("SELECT column_name FROM information_schema.columns "
+                                     "WHERE table_name = ? AND table_schema = "
+                                     "current_schema()", (table,))}
 
 
 # --- writing -----------------------------------------------------------------------------
@@ -153,13 +166,15 @@ def claim_batch(db: Db, batch_id: str, now: float) -> bool:
     return True
 
 
-def apply_ops(db: Db, ops: Sequence[dict[str, Any]], now: float) -> None:
-    """Apply validated ops in order. A heartbeat is stamped on arrival (liveness is
-    judged by the store's clock, whatever the sender's clock says); other ops keep the
-    time they carry, else ``now``."""
+def apply_ops(db: Db, ops: Sequence[dict[str, Any]], now: float,
+              owner: str | None = None) -> None:
+    """Apply validated ops in order; a run they create records ``owner`` (the tokens-file
+    name that sent them, None for everyone else). A heartbeat is stamped on arrival
+    (liveness is judged by the store's clock, whatever the sender's clock says); other ops
+    keep the time they carry, else ``now``."""
     for op in ops:
         stamped = op["time"] is not None and op["op"] != "heartbeat"
-        _apply_one(db, op, op["time"] if stamped else now)
+        _apply_one(db, op, op["time"] if stamped else now, owner)
 
 
 def _ensure_run(db: Db, run: str, moment: float) -> None:
@@ -173,17 +188,17 @@ def _forget_rows(db: Db, run: str) -> None:
         db.run(f"DELETE FROM {table} WHERE run = ?", (run,))
 
 
-def _apply_one(db: Db, op: dict[str, Any], moment: float) -> None:
+def _apply_one(db: Db, op: dict[str, Any], moment: float, owner: str | None) -> None:
     run, kind = op["run"], op["op"]
     greatest = db.dialect.greatest
     if kind == "create":
         _forget_rows(db, run)
-        db.run("INSERT INTO runs (name, config, summary, status, started, updated)"
-               " VALUES (?, ?, '{}', 'running', ?, ?) ON CONFLICT (name) DO UPDATE SET"
+        db.run("INSERT INTO runs (name, config, summary, status, started, updated, owner)"
+               " VALUES (?, ?, '{}', 'running', ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
                " config = excluded.config, summary = '{}', status = 'running',"
                " started = excluded.started, updated = excluded.updated, finished = NULL,"
-               " last_step = NULL, total_steps = NULL, eta = NULL",
-               (run, json.dumps(op["config"]), moment, moment))
+               " last_step = NULL, total_steps = NULL, eta = NULL, owner = excluded.owner",
+               (run, json.dumps(op["config"]), moment, moment, owner))
         return
     if kind == "heartbeat":
         # only a live record is refreshed: a beat never resurrects a deleted or finished run
@@ -235,11 +250,13 @@ def lost(status: str, updated: float | None, now: float, lost_after_seconds: flo
     return status == "running" and updated is not None and now - updated > lost_after_seconds
 
 
-def delete_run_rows(db: Db, name: str, *, force: bool, lost_after_seconds: float) -> bool:
+def delete_run_rows(db: Db, name: str, *, force: bool, lost_after_seconds: float,
+                    caller: Caller = ADMIN) -> bool:
     """Forget run ``name`` (see ``SqlRunStore.delete_run``); False when there is none."""
-    row = db.one("SELECT status, updated FROM runs WHERE name = ?", (name,))
+    row = db.one("SELECT status, updated, owner FROM runs WHERE name = ?", (name,))
     if row is None:
         return False
+    check_owner(name, row[2], caller)
     now = time.time()
     if not force and row[0] == "running" and not lost(row[0], row[1], now,
                                                       lost_after_seconds):
@@ -249,6 +266,14 @@ def delete_run_rows(db: Db, name: str, *, force: bool, lost_after_seconds: float
     _forget_rows(db, name)
     db.run("DELETE FROM runs WHERE name = ?", (name,))
     return True
+
+
+def check_owner(name: str, owner: str | None, caller: Caller) -> None:
+    """``NotYours`` unless ``caller`` may delete run ``name``, which ``owner`` created."""
+    if not caller.may_delete(owner):
+        made = f"created by {owner}" if owner else "not created with a token of the tokens file"
+        raise NotYours(f"run {name!r} was {made}; a token deletes only its own runs (the "
+                       f"server's --token may delete any)")
 
 
 # --- tiles: step-range summaries of each curve ------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from posttrain.access import ADMIN, Caller
 from posttrain.runs import sql
 from posttrain.runs.ops import LOST_AFTER_SECONDS, OpWriter, check_run_name, validate_ops
 
@@ -98,34 +99,39 @@ class SqlRunStore(OpWriter):
         """Apply one op now (see ``posttrain.runs.ops`` for the op format)."""
         self.apply([op])
 
-    def apply(self, ops: Sequence[dict[str, Any]], batch_id: str | None = None) -> int:
+    def apply(self, ops: Sequence[dict[str, Any]], batch_id: str | None = None,
+              owner: str | None = None) -> int:
         """Validate then apply ``ops`` in one transaction; returns how many were applied.
 
         Nothing is applied when any op is invalid (``RunStoreError`` names it). A batch
-        whose ``batch_id`` was already applied is skipped and 0 is returned.
+        whose ``batch_id`` was already applied is skipped and 0 is returned. A run the ops
+        create records ``owner`` (the tokens-file name that sent them).
         """
-        return self._apply_checked(validate_ops(ops), batch_id)
+        return self._apply_checked(validate_ops(ops), batch_id, owner)
 
-    def _apply_checked(self, checked: list[dict[str, Any]], batch_id: str | None) -> int:
+    def _apply_checked(self, checked: list[dict[str, Any]], batch_id: str | None,
+                       owner: str | None = None) -> int:
         now = time.time()
         with self._intact(), self._write() as db:
             if batch_id is not None and not sql.claim_batch(db, batch_id, now):
                 return 0
-            sql.apply_ops(db, checked, now)
+            sql.apply_ops(db, checked, now, owner)
         return len(checked)
 
-    def delete_run(self, name: str, *, force: bool = False) -> bool:
+    def delete_run(self, name: str, *, force: bool = False, caller: Caller = ADMIN) -> bool:
         """Forget run ``name``: its record, curves, notes and alarms. Returns False when
         there was no such run.
 
         A run that is still alive (``running`` with a recent heartbeat) is refused with
         ``RunStillAlive`` unless ``force``: its next write would bring it back half-empty.
+        A ``caller`` from a tokens file deletes only the runs it created (``NotYours``).
         The run folder on disk is not touched (``posttrain runs delete`` removes it too).
         """
         check_run_name(name)
         with self._intact(), self._write() as db:
             return sql.delete_run_rows(db, name, force=force,
-                                       lost_after_seconds=self.lost_after_seconds)
+                                       lost_after_seconds=self.lost_after_seconds,
+                                       caller=caller)
 
     def __enter__(self) -> SqlRunStore:
         return self
@@ -141,20 +147,22 @@ class SqlRunStore(OpWriter):
 
     @checked_read
     def list_runs(self) -> list[dict[str, Any]]:
-        """Every run, newest first: name, status, base_model (from the config), started,
+        """Every run, newest first: name, owner, status, base_model (from the config), started,
         updated, finished (epoch seconds), last_step, total_steps, eta (seconds),
         headline_delta and verdict (from the summary, None while running)."""
         with self._reader() as db:
             rows = db.all("SELECT name, status, config, summary, started, updated, finished,"
-                          " last_step, total_steps, eta FROM runs")
+                          " last_step, total_steps, eta, owner FROM runs")
         # ordered here, not in SQL: names compare by code point whatever the collation
         rows.sort(key=lambda row: (-(row[4] if row[4] is not None else float("-inf")),
                                    row[0]))
         runs = []
         now = time.time()
-        for name, status, config, summary, started, updated, finished, step, total, eta in rows:
+        for (name, status, config, summary, started, updated, finished, step, total, eta,
+             owner) in rows:
             config, summary = json.loads(config), json.loads(summary)
             runs.append({
+                "owner": owner,
                 "name": name, "status": self._status(status, updated, now),
                 "base_model": base_model(config),
                 "started": started, "updated": updated, "finished": finished,
@@ -165,12 +173,13 @@ class SqlRunStore(OpWriter):
 
     @checked_read
     def get_run(self, name: str) -> dict[str, Any] | None:
-        """One run in full (config, summary, progress, notes, alarms, metric names, the
+        """One run in full (owner, config, summary, progress, notes, alarms, metric names, the
         checks that kept graded replies), or None."""
         check_run_name(name)
         with self._reader() as db:
             row = db.one("SELECT status, config, summary, started, updated, finished,"
-                         " last_step, total_steps, eta FROM runs WHERE name = ?", (name,))
+                         " last_step, total_steps, eta, owner FROM runs WHERE name = ?",
+                         (name,))
             if row is None:
                 return None
             notes = db.all("SELECT step, time, text FROM notes WHERE run = ? ORDER BY id",
@@ -179,9 +188,10 @@ class SqlRunStore(OpWriter):
                             " WHERE run = ? ORDER BY id", (name,))
             names = self._metric_names(db, name)
             checks = self._sample_checks(db, name)
-        status, config, summary, started, updated, finished, step, total, eta = row
+        status, config, summary, started, updated, finished, step, total, eta, owner = row
         return {
-            "name": name, "status": self._status(status, updated, time.time()),
+            "name": name, "owner": owner,
+            "status": self._status(status, updated, time.time()),
             "config": json.loads(config),
             "summary": json.loads(summary), "started": started, "updated": updated,
             "finished": finished,

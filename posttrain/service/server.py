@@ -15,6 +15,7 @@ exception is a bug, answered 500 with its message, and the server keeps serving.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +71,13 @@ def start_server(
     *,
     verbose: bool = False,
     read_timeout_s: float = READ_TIMEOUT_SECONDS,
+    tokens: Mapping[str, str] | None = None,
 ) -> RunningServer:
     """Serve ``engine`` on a background thread (port 0 picks a free port). A client that
-    stalls for ``read_timeout_s`` inside its request is dropped."""
-    check_bind(host, token)
-    server = HttpServer(host, port, Rules(token=token or None,
+    stalls for ``read_timeout_s`` inside its request is dropped. ``tokens``: a tokens
+    file's ``{token: name}`` (``posttrain.access``) beside the administrator's ``token``."""
+    check_bind(host, token or ("named tokens" if tokens else None))
+    server = HttpServer(host, port, Rules(token=token or None, tokens=tokens or None,
                                           max_body_bytes=engine.limits.max_body_bytes,
                                           read_timeout_s=read_timeout_s,
                                           name="posttrain serve", verbose=verbose,
@@ -99,19 +102,21 @@ def serve(
     verbose: bool = True,
     torch_threads: int | None = None,
     limits: Limits | None = None,
+    tokens: Mapping[str, str] | None = None,
 ) -> None:
     """Load ``base_model`` and serve the primitives until Ctrl-C (blocking)."""
-    check_bind(host, token)
+    check_bind(host, token or ("named tokens" if tokens else None))
     engine = Engine(base_model, state_dir or default_state_dir(), torch_threads=torch_threads,
                     limits=limits)
-    running = start_server(engine, host, port, token, verbose=verbose)
+    running = start_server(engine, host, port, token, verbose=verbose, tokens=tokens)
     dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]
     print(f"posttrain serve: {base_model} on {running.url}{PREFIX} (state in {engine.state_dir})",
           flush=True)
     print(f"  OpenAI-compatible route: {running.url}/v1 (model {base_model!r}; docs/service.md, "
           "'Use it as an OpenAI endpoint')", flush=True)
     if tinker_available():
-        key = "<the --token, which must start with tml->" if token else "tml-local"
+        key = ("<your token, which must start with tml->" if token or tokens
+               else "tml-local")
         print(f"  tinker SDK route: TINKER_BASE_URL={running.url} TINKER_API_KEY={key} "
               "(docs/service.md, 'Use it with the tinker SDK')", flush=True)
     else:

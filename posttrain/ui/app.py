@@ -27,6 +27,7 @@ with a slash after ``/runs/`` or ``/static/`` matches no route, so it is a 404.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -217,12 +218,13 @@ def add_dashboard(server: RunServer) -> RunServer:
 
 
 def dashboard_server(store: str | Path, host: str = "127.0.0.1", port: int = 8765,
-                     token: str | None = None, runs_root: str | Path | None = None
-                     ) -> RunServer:
+                     token: str | None = None, runs_root: str | Path | None = None,
+                     tokens: Mapping[str, str] | None = None) -> RunServer:
     """A run server over ``store`` (a SQLite file's path or a PostgreSQL URL; ``runs_root``:
     the run folders, default the SQLite file's folder) with the dashboard's pages added.
 
     Not started: call ``serve_forever()`` (or ``start_in_thread``). ``port`` 0 picks a
-    free port; ``token`` protects ``POST /api/ingest`` (reads stay open).
+    free port; ``token`` (and the tokens file's ``tokens``) protect the writes (reads stay
+    open).
     """
-    return add_dashboard(serve(store, host, port, token, runs_root))
+    return add_dashboard(serve(store, host, port, token, runs_root, tokens))

@@ -25,8 +25,10 @@ named ``save_weights_for_sampler`` is a PEFT folder in the state folder), the au
 and session projects, search and trace export.
 
 A run's ``model_owner`` is the token name that created it (``posttrain serve --tokens``),
-else ``local``; ``user_metadata`` is what ``create_lora_training_client(user_metadata=...)``
-sent, kept in ``runs/<run_id>/tinker.json``.
+else ``local``; a named token deletes only its own runs' checkpoints (403 otherwise), the
+administrator's ``--token`` any; ``user_metadata`` is what
+``create_lora_training_client(user_metadata=...)`` sent, kept in
+``runs/<run_id>/tinker.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 from posttrain.atomic import write_text_atomic
 from posttrain.http_core import Request
 from posttrain.service.engine import state
-from posttrain.service.engine.errors import BadRequest, Conflict, NotFound
+from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, ServiceError
 from posttrain.service.protocols.tinker.requests import body_object, checkpoint_path
 
 SIDE_RECORD = "tinker.json"
@@ -253,6 +255,11 @@ class TinkerRest:
         run_id = self._run_id(request.match["run_id"])
         kind = request.match["kind"]
         path = f"tinker://{run_id}/{kind}/{request.match['name']}"
+        owner = read_side_record(self.engine.state_dir, run_id).get("owner")
+        if not request.caller.may_delete(owner):
+            made = f"created by {owner}" if owner else "not created with a named token"
+            raise ServiceError(f"run {run_id} was {made}; a token deletes only its own "
+                               "checkpoints (the server's --token may delete any)", status=403)
         saved = checkpoint_path(path, "checkpoint")
         folder = (state.run_folder(self.engine.state_dir, run_id) / KINDS[saved.kind][1]
                   / saved.name)

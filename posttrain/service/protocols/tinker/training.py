@@ -147,12 +147,14 @@ class TinkerTraining:
             model = self._models.get(model_id)
         return model.run_id if model is not None else None
 
-    def _remember(self, model: TrainingModel, user_metadata: dict[str, str] | None) -> None:
-        """Add the client and keep its side record (model id, metadata) with its run."""
+    def _remember(self, model: TrainingModel, user_metadata: dict[str, str] | None,
+                  owner: str | None) -> None:
+        """Add the client and keep its side record (model id, metadata, the tokens-file
+        name that created it) with its run."""
         self._add_model(model)
         write_side_record(self.engine.state_dir, model.run_id, {
             "model_id": model.model_id, "session_id": model.session_id,
-            "lora_rank": model.lora_rank, "user_metadata": user_metadata, "owner": None})
+            "lora_rank": model.lora_rank, "user_metadata": user_metadata, "owner": owner})
 
     def _model(self, model_id: Any) -> TrainingModel:
         with self._lock:
@@ -184,7 +186,7 @@ class TinkerTraining:
         def work() -> Answer:
             run = self.engine.create_run(session_id, spec)
             self._remember(TrainingModel(model_id, run["run_id"], session_id, rank),
-                           user_metadata)
+                           user_metadata, request.caller.name or None)
             return Answer.json({"model_id": model_id, "type": "create_model"})
 
         future, _ = self.futures.submit(("model", session_id, model_seq_id), digest_of(body),
@@ -231,7 +233,7 @@ class TinkerTraining:
             run = self.engine.create_run_from_state(session_id, source.run_id, source.name,
                                                     optimizer=optimizer)
             self._remember(TrainingModel(model_id, run["run_id"], session_id,
-                                         run["lora"]["rank"]), None)
+                                         run["lora"]["rank"]), None, request.caller.name or None)
             return Answer.json({"model_id": model_id, "path": source.path,
                                 "type": "load_weights"})
 
