@@ -104,6 +104,30 @@ def test_dpo_on_two_processes_trains_and_reports_like_one(starter_2m_folder, tmp
     assert len(merged & {key(pair) for pair in alone}) >= 0.9 * len(alone)
 
 
+def test_two_processes_write_one_run_into_the_store_the_url_names(starter_2m_folder,
+                                                                   tmp_path, postgres_url):
+    # every process reads POSTTRAIN_STORE; only the main one writes the run, into the
+    # database, and no SQLite file appears in the runs folder
+    runs = tmp_path / "runs"
+    environment = {**launch_environment(), "POSTTRAIN_STORE": postgres_url}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", "-m", "posttrain", "dpo", *COMMON, "--steps", "1",
+               "--batch-size", "4", "--pair-samples", "4", "--run-name", "ddp-pg",
+               "--runs-dir", str(runs)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                          env=environment)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert not (runs / "posttrain.db").exists()
+    from posttrain.runs.postgres_store import PostgresRunStore
+
+    with PostgresRunStore(postgres_url) as store:
+        (run,) = store.list_runs()
+        assert run["name"] == "ddp-pg" and run["status"] == "done"
+        record = store.get_run("ddp-pg")
+        assert record["config"]["resolved"]["world_size"] == 2
+        assert store.metric_series("ddp-pg", "loss")["steps"] == [1]
+
+
 def test_accelerate_launch_runs_sft_on_two_processes(starter_2m_folder, tmp_path):
     """`accelerate launch --multi_gpu` is the accelerate form that starts 2 processes on a
     CPU (with `--cpu` it starts one); the world size is checked, not assumed."""
