@@ -13,10 +13,11 @@ recipes' LoRA (rank 16, alpha 32, posttrain's targets), phase by phase:
   GRPOTrainer computes them), backward, optimizer.
 
 Each phase's achieved rate is a share of its limit: FLOP/s of the matmul peak for the
-forward, backward and prefill (the usual 2 x parameters FLOP per token forward, and the
-input-gradient pass backward: LoRA trains no base weight, so backward is about one
-forward more), bytes/s of the bandwidth for decode (every step reads every weight). Peak
-resident memory is the process's. Median of ``--repeats``; a phase is timed with the
+forward, backward and prefill (the usual 2 x parameters FLOP per token forward, the
+unembedding counted only where logits are computed, and the input-gradient pass
+backward: LoRA trains no base weight, so backward is about one forward more), bytes/s
+of the bandwidth for decode (every step reads every weight). Peak resident memory is the
+process's. Median of ``--repeats``; a phase is timed with the
 same tensors each repeat. This measures the phases on the same shapes the recipes use,
 outside TRL's trainers (which add their own bookkeeping: the recipes' whole-step times
 are in the README).
@@ -28,6 +29,7 @@ are in the README).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import statistics
 import sys
@@ -160,6 +162,9 @@ def main() -> int:
     parser.add_argument("--completions", type=int, default=4, help="completions per prompt")
     parser.add_argument("--prompt-tokens", type=int, default=300, help="tokens per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per completion")
+    parser.add_argument("--bf16", action="store_true",
+                        help="run the phases under torch.autocast(bfloat16) (the weights stay "
+                        "float32), to see what native bf16 would give; the table says so")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
 
@@ -177,10 +182,13 @@ def main() -> int:
     tokenizer, model, parameters = load_lora_model(torch)
     weight_bytes = parameters * 4
     sft, grpo = [], []
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.bf16
+                else contextlib.nullcontext())
     for repeat in range(args.repeats):
-        sft.append(sft_phases(torch, model, args.sft_tokens, 8))
-        grpo.append(grpo_phases(torch, tokenizer, model, args.prompts, args.completions,
-                                args.prompt_tokens, args.max_new_tokens))
+        with autocast:
+            sft.append(sft_phases(torch, model, args.sft_tokens, 8))
+            grpo.append(grpo_phases(torch, tokenizer, model, args.prompts, args.completions,
+                                    args.prompt_tokens, args.max_new_tokens))
         print(f"repeat {repeat + 1}: sft " + ", ".join(
             f"{k} {v:.2f}s" for k, v in sft[-1].items() if k != "tokens")
             + "; grpo " + ", ".join(f"{k} {v:.2f}s" for k, v in grpo[-1].items()
@@ -196,22 +204,26 @@ def main() -> int:
         lines.append(f"| {step} | {phase} | {seconds:.2f} | {rate / 1e9:.1f} {unit} | "
                      f"{rate / limit:.0%} |")
 
+    peak = bf16_peak if args.bf16 else fp32_peak
     tokens = sft[0]["tokens"]
     row("SFT", "forward", median(sft, "forward"), flop_per_token * tokens
-        / median(sft, "forward"), fp32_peak, "GFLOP/s")
+        / median(sft, "forward"), peak, "GFLOP/s")
     row("SFT", "backward", median(sft, "backward"), flop_per_token * tokens
-        / median(sft, "backward"), fp32_peak, "GFLOP/s")
+        / median(sft, "backward"), peak, "GFLOP/s")
     lines.append(f"| SFT | optimizer | {median(sft, 'optimizer'):.2f} | – | – |")
     g = grpo[0]
     row("GRPO", "prefill", median(grpo, "prefill"), flop_per_token * g["prompt_tokens"]
-        / median(grpo, "prefill"), fp32_peak, "GFLOP/s")
+        / median(grpo, "prefill"), peak, "GFLOP/s")
     row("GRPO", "decode", median(grpo, "decode"), weight_bytes * g["decode_steps"]
         / median(grpo, "decode"), memory, "GB/s")
+    # the unembedding (tied to the embedding) runs only on the kept completion positions
+    head = 2 * model.get_input_embeddings().weight.numel()
+    kept = args.prompts * args.completions * (args.max_new_tokens + 1)
+    logprob_flop = (flop_per_token - head) * g["all_tokens"] + head * kept
     row("GRPO", "logprob forward", median(grpo, "logprob_forward"),
-        flop_per_token * g["all_tokens"] / median(grpo, "logprob_forward"), fp32_peak,
-        "GFLOP/s")
-    row("GRPO", "backward", median(grpo, "backward"), flop_per_token * g["all_tokens"]
-        / median(grpo, "backward"), fp32_peak, "GFLOP/s")
+        logprob_flop / median(grpo, "logprob_forward"), peak, "GFLOP/s")
+    row("GRPO", "backward", median(grpo, "backward"), logprob_flop
+        / median(grpo, "backward"), peak, "GFLOP/s")
     lines.append(f"| GRPO | optimizer | {median(grpo, 'optimizer'):.2f} | – | – |")
     sft_total = sum(median(sft, key) for key in ("forward", "backward", "optimizer"))
     grpo_total = sum(median(grpo, key) for key in ("prefill", "decode", "logprob_forward",
@@ -219,12 +231,15 @@ def main() -> int:
     command = (f".venv/bin/python benchmarks/real_weights.py --repeats {args.repeats} "
                f"--sft-tokens {args.sft_tokens} --prompts {args.prompts} --completions "
                f"{args.completions} --prompt-tokens {args.prompt_tokens} --max-new-tokens "
-               f"{args.max_new_tokens}")
+               f"{args.max_new_tokens}" + (" --bf16" if args.bf16 else ""))
     flag_list = ", ".join(sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16",
                                           "amx_tile", "fma"})) or "none of note"
+    title = SECTION + (" (bf16 autocast)" if args.bf16 else "")
     section = "\n".join([
-        f"## {SECTION}", "",
-        f"SmolLM2-135M-Instruct ({parameters / 1e6:.1f}M parameters, float32, LoRA r16) on "
+        f"## {title}", "",
+        f"SmolLM2-135M-Instruct ({parameters / 1e6:.1f}M parameters, float32 weights"
+        f"{', phases under bf16 autocast: shares are of the bf16 peak' if args.bf16 else ''}"
+        f", LoRA r16) on "
         f"{cpu_description()}; CPU flags: {flag_list}; torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads. Limits measured here: fp32 matmul "
         f"{fp32_peak / 1e9:.0f} GFLOP/s, bf16 matmul {bf16_peak / 1e9:.0f} GFLOP/s "
@@ -239,7 +254,7 @@ def main() -> int:
         f"memory of the process {peak_resident_gib():.1f} GiB.", ""])
     print(section)
     if args.write:
-        write_section(SECTION, section)
+        write_section(title, section)
     return 0
 
 

@@ -428,3 +428,17 @@ def test_eight_processes_opening_a_new_store_at_once_all_write(tmp_path):
         assert len(store.list_runs()) == 8
     assert not list((tmp_path / "fresh").glob("*.bak")) and not list(
         (tmp_path / "fresh").glob("*.partial"))
+
+
+def test_a_step_with_thousands_of_metrics_and_some_replaced_keeps_every_value(tmp_path):
+    with SqliteRunStore(tmp_path / "posttrain.db") as store:
+        store.create_run("wide", {})
+        first = {f"m{index}": float(index) for index in range(1200)}
+        store.log_metrics("wide", 3, first)
+        store.log_metrics("wide", 3, {"m5": -1.0, "m1100": 99.0, "new": 7.0})
+        assert len(store.metric_names("wide")) == 1201
+        assert store.metric_series("wide", "m5")["values"] == [-1.0]
+        assert store.metric_series("wide", "m1100")["values"] == [99.0]
+        assert store.metric_series("wide", "m7")["values"] == [7.0]
+        thinned = store.metric_series("wide", "m5", max_points=1)
+        assert thinned["values"] == [-1.0]

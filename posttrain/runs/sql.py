@@ -75,6 +75,11 @@ class Db:
         self.cursor.execute(self.dialect.sql(statement), tuple(parameters))
         return self.cursor
 
+    def many(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Execute ``statement`` once per row of parameters (nothing for no rows)."""
+        if rows:
+            self.cursor.executemany(self.dialect.sql(statement), [tuple(row) for row in rows])
+
     def one(self, statement: str, parameters: Sequence[Any] = ()) -> Any:
         return self.run(statement, parameters).fetchone()
 
@@ -208,15 +213,27 @@ def _apply_one(db: Db, op: dict[str, Any], moment: float, owner: str | None) -> 
     _ensure_run(db, run, moment)
     if kind == "metrics":
         step, values = op["step"], op["metrics"]
-        for name, value in values.items():
-            replaced = db.one("SELECT 1 FROM metrics WHERE run = ? AND name = ? AND step = ?",
-                              (run, name, step)) is not None
-            db.run("INSERT INTO metrics (run, name, step, value, time) VALUES (?, ?, ?, ?, ?)"
-                   " ON CONFLICT (run, name, step) DO UPDATE SET value = excluded.value,"
-                   " time = excluded.time", (run, name, step, value, moment))
-            record_tile_point(db, run, name, step, value, moment, replaced)
-            db.run("INSERT INTO metric_names (run, name) VALUES (?, ?)"
-                   " ON CONFLICT (run, name) DO NOTHING", (run, name))
+        names = list(values)
+        # a few statements per step, each over every value (executemany: one round trip
+        # for psycopg's pipeline), not four per value
+        replaced: set[str] = set()
+        for start in range(0, len(names), 500):  # under every database's parameter limit
+            chunk = names[start:start + 500]
+            marks = ", ".join("?" * len(chunk))
+            replaced |= {name for (name,) in db.all(
+                f"SELECT name FROM metrics WHERE run = ? AND name IN ({marks}) AND step = ?",
+                (run, *chunk, step))}
+        db.many("INSERT INTO metrics (run, name, step, value, time) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (run, name, step) DO UPDATE SET value = excluded.value,"
+                " time = excluded.time",
+                [(run, name, step, value, moment) for name, value in values.items()])
+        db.many(_tile_upsert(db.dialect),
+                [(run, name, step // TILE_STEPS, step, value, moment, step, value, moment)
+                 for name, value in values.items() if name not in replaced])
+        for name in replaced:
+            record_tile_point(db, run, name, step, values[name], moment, True)
+        db.many("INSERT INTO metric_names (run, name) VALUES (?, ?)"
+                " ON CONFLICT (run, name) DO NOTHING", [(run, name) for name in names])
         db.run(f"UPDATE runs SET last_step = {greatest}(coalesce(last_step, -1), ?),"
                " updated = ? WHERE name = ?", (step, moment, run))
     elif kind == "progress":
