@@ -27,7 +27,6 @@ pool (the stores and the engine are synchronous); paths use Starlette's syntax
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 import socket
@@ -205,17 +204,6 @@ class Rules:
     #: what the message of a 500 may show of a bug's text (stderr gets all of it): the
     #: service hides its folders' absolute paths with it
     public_text: Callable[[str], str] = lambda text: text
-
-
-def token_ok(headers: Mapping[str, str], token: str | None) -> bool:
-    """``Authorization: Bearer <token>``, or ``X-API-Key: <token>`` (how the tinker SDK
-    sends its key)."""
-    if token is None:
-        return True
-    bearer = headers.get("authorization", "")
-    key = headers.get("x-api-key", "")
-    return (hmac.compare_digest(bearer.encode("utf-8"), f"Bearer {token}".encode())
-            or hmac.compare_digest(key.encode("utf-8"), token.encode("utf-8")))
 
 
 # ------------------------------------------------------------------ the ASGI layers

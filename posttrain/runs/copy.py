@@ -32,11 +32,10 @@ class CopiedRun:
         return f"copied {self.name} ({self.ops} records)"
 
 
-def run_ops(store: SqlRunStore, name: str) -> Iterator[dict[str, Any]]:
-    """The ops that write run ``name`` as ``store`` holds it, in an order that replays it."""
-    run = store.get_run(name)
-    if run is None:
-        return
+def run_ops(store: SqlRunStore, run: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The ops that write ``run`` (its ``get_run`` record in ``store``), in an order that
+    replays it."""
+    name = run["name"]
     yield {"op": "create", "run": name, "config": run["config"], "time": run["started"]}
     by_moment: dict[tuple[int, float | None], dict[str, float]] = {}
     for metric in run["metric_names"]:
@@ -78,16 +77,17 @@ def copy_runs(source: SqlRunStore, target: SqlRunStore, names: list[str] | None 
                                                    f"(--replace to overwrite)"))
             continue
         record = source.get_run(name)
-        owner = record["owner"] if record is not None else None  # who created it stays
+        if record is None:
+            results.append(CopiedRun(name, skipped=f"no such run in {source.location}"))
+            continue
         batch: list[dict[str, Any]] = []
         count = 0
-        for op in run_ops(source, name):
+        for op in run_ops(source, record):
             batch.append(op)
             if len(batch) >= BATCH_OPS:
-                count += target.apply(batch, owner=owner)
+                count += target.apply(batch, owner=record["owner"])  # who made it stays
                 batch = []
         if batch:
-            count += target.apply(batch, owner=owner)
-        results.append(CopiedRun(name, count) if count else
-                       CopiedRun(name, skipped=f"no such run in {source.location}"))
+            count += target.apply(batch, owner=record["owner"])
+        results.append(CopiedRun(name, count))
     return results

@@ -135,14 +135,8 @@ class PostgresRunStore(SqlRunStore):
                 raise StoreUnreachable(self._unreachable(error)) from None
             raise
 
-    @contextmanager
-    def _reader(self) -> Iterator[sql.Db]:
-        with self._intact():
-            connection = self._connect(autocommit=True)
-            try:
-                yield sql.Db(connection.cursor(), sql.POSTGRES)
-            finally:
-                connection.close()
+    def _read_connection(self) -> Any:
+        return self._connect(autocommit=True)
 
     @contextmanager
     def _write(self) -> Iterator[sql.Db]:

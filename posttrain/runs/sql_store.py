@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from posttrain.access import ADMIN, Caller
@@ -85,9 +85,19 @@ class SqlRunStore(OpWriter):
         """A write transaction: committed when the block ends, rolled back on error."""
         raise NotImplementedError
 
-    def _reader(self) -> AbstractContextManager[sql.Db]:  # pragma: no cover - abstract
-        """A connection for reads."""
+    def _read_connection(self) -> Any:  # pragma: no cover - abstract
+        """A new connection for one read (closed by ``_reader``)."""
         raise NotImplementedError
+
+    @contextmanager
+    def _reader(self) -> Iterator[sql.Db]:
+        """A short-lived connection for reads, closed after the block."""
+        with self._intact():
+            connection = self._read_connection()
+            try:
+                yield sql.Db(connection.cursor(), self.dialect)
+            finally:
+                connection.close()
 
     def _intact(self) -> AbstractContextManager[None]:
         """Where the back end turns its driver's errors into ``RunStoreError``s."""

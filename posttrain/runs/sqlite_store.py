@@ -277,14 +277,8 @@ class SqliteRunStore(SqlRunStore):
         connection.execute("PRAGMA synchronous=NORMAL")
         return connection
 
-    @contextmanager
-    def _reader(self) -> Iterator[sql.Db]:
-        with self._intact():
-            connection = self._connect()
-            try:
-                yield sql.Db(connection.cursor(), sql.SQLITE)
-            finally:
-                connection.close()
+    def _read_connection(self) -> sqlite3.Connection:
+        return self._connect()
 
     @contextmanager
     def _write(self) -> Iterator[sql.Db]:
