@@ -239,6 +239,7 @@ def test_the_store_is_chosen_by_flag_or_environment(postgres_url, tmp_path, monk
     monkeypatch.setenv(STORE_ENV, "mysql://h/db")
     with pytest.raises(RunStoreError, match="postgresql:// URL"):
         default_store(tmp_path)
+    assert main(["runs", "list", "--runs-dir", str(tmp_path)]) == 2  # not read as a file
 
 
 def test_runs_commands_and_copy_from_sqlite(postgres_url, tmp_path, capsys):

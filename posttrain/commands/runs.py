@@ -20,7 +20,14 @@ from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url
 from posttrain.runs.removal import delete_run
 from posttrain.runs.sql_store import SqlRunStore
 from posttrain.runs.sqlite_store import SqliteRunStore
-from posttrain.runs.store import DB_FILENAME, STORE_HELP, describe_store, open_store, store_spec
+from posttrain.runs.store import (
+    DB_FILENAME,
+    STORE_HELP,
+    check_store_spec,
+    describe_store,
+    open_store,
+    store_spec,
+)
 
 RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)"
 
@@ -97,7 +104,7 @@ def _store(args: argparse.Namespace) -> tuple[Path, SqlRunStore | None, str]:
     file was never made (a listing must not create an empty database as a side effect)."""
     root = runs_root(args.runs_dir)
     spec = store_spec(getattr(args, "store", None))
-    if spec is not None and is_postgres_url(spec):
+    if spec is not None and is_postgres_url(check_store_spec(spec)):
         # a command does not hold records for later: it says the database is down
         return root, PostgresRunStore(spec, hold_when_down=False), describe_store(spec)
     path = root / DB_FILENAME if spec is None else Path(spec)

@@ -141,12 +141,18 @@ def open_store(spec: str, *, for_server: bool = False) -> SqlRunStore:
     """The store ``spec`` names: a PostgreSQL URL, else a SQLite file's path (relative
     to the working folder). ``for_server``: a dashboard's store, which answers a lost
     database with 503s instead of holding records, and tolerates a damaged file."""
-    if is_postgres_url(spec):
+    if is_postgres_url(check_store_spec(spec)):
         return PostgresRunStore(spec, hold_when_down=not for_server)
-    if "://" in spec:
+    return SqliteRunStore(spec, tolerate_damage=for_server)
+
+
+def check_store_spec(spec: str) -> str:
+    """``spec`` when it is a PostgreSQL URL or a file path; ``RunStoreError`` for a URL of
+    another database (which would otherwise be read as a file's name)."""
+    if "://" in spec and not is_postgres_url(spec):
         raise RunStoreError(f"unknown run store {describe_store(spec)!r}: expected a "
                             f"postgresql:// URL or a SQLite file's path")
-    return SqliteRunStore(spec, tolerate_damage=for_server)
+    return spec
 
 
 def default_store(runs_root: str | os.PathLike = "runs", store: str | None = None) -> RunStore:
