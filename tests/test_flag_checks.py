@@ -19,6 +19,14 @@ def test_serve_refuses_zero_torch_threads(capsys):
     assert "--torch-threads must be at least 1" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_state_store_that_is_not_postgresql(capsys):
+    assert main(["serve", "--state-store", "mysql://me:secret@db/x"]) == 2
+    err = capsys.readouterr().err
+    assert "--state-store: expected a postgresql://" in err and "secret" not in err
+    assert main(["serve", "--state-store", "postgresql://db/x", "--no-journal"]) == 2
+    assert "cannot go with --no-journal" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [
     ["ui"],
     ["grpo", "--steps", "1"],

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from posttrain.access import load_tokens
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 from posttrain.errors import PosttrainError
+from posttrain.runs.postgres_store import is_postgres_url, redacted
 from posttrain.service.engine.requests import Limits
 from posttrain.service.server import serve
 
@@ -19,7 +20,9 @@ forward_backward, optim_step, save_state, load_state, export_lora, finish) and p
 results; the caller owns rewards, advantages and the loss payload. GET
 /v1/training/capabilities lists everything. Binds 127.0.0.1 unless --host says otherwise,
 and then a --token is required. Runs that were active when the server stopped are listed
-as dormant at the next start and can be resumed from their last save_state."""
+as dormant at the next start and can be resumed from their last save_state. The tinker SDK's
+sessions, training clients and futures are journaled (--state-store): a restarted server
+replays them and the SDK's client carries on where it was."""
 
 
 @dataclass
@@ -63,6 +66,18 @@ class ServeSettings:
         metadata={"help": "seconds a finished operation and its result stay retrievable, "
                   "then they are dropped from memory (a retry of its seq gets 409)"},
     )
+    state_store: str | None = field(
+        default=None,
+        metadata={"help": "where the tinker routes keep their journal (sessions, training "
+                  "clients, sampling sessions, futures), so a restarted server answers the "
+                  "SDK as if nothing happened: a postgresql://user@host/db URL (needs "
+                  "posttrain[postgres]); default: tinker-journal.sqlite in --state-dir"},
+    )
+    no_journal: bool = field(
+        default=False,
+        metadata={"help": "keep the tinker routes' state in memory only (a restart forgets "
+                  "sessions, clients and futures; saved checkpoints stay)"},
+    )
     quiet: bool = field(default=False, metadata={"help": "do not log each request"})
 
 
@@ -87,6 +102,14 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(settings.operation_retention) and settings.operation_retention > 0):
         raise PosttrainError("--operation-retention must be a positive number of seconds, "
                              f"got {settings.operation_retention}")
+    if settings.state_store is not None:
+        if settings.no_journal:
+            raise PosttrainError("--state-store names where the journal goes; it cannot go "
+                                 "with --no-journal")
+        if not is_postgres_url(settings.state_store):
+            raise PosttrainError(f"--state-store: expected a postgresql://user@host/db URL, "
+                                 f"got {redacted(settings.state_store)!r} (leave it out for "
+                                 "the SQLite journal in --state-dir)")
     serve(
         settings.base_model,
         host=settings.host,
@@ -97,5 +120,7 @@ def run(args: argparse.Namespace) -> int:
         verbose=not settings.quiet,
         torch_threads=settings.torch_threads,
         limits=Limits(operation_retention_s=settings.operation_retention),
+        journal=not settings.no_journal,
+        state_store=settings.state_store,
     )
     return 0

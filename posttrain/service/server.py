@@ -14,19 +14,24 @@ exception is a bug, answered 500 with its message, and the server keeps serving.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from posttrain.errors import PosttrainError
 from posttrain.http_core import READ_TIMEOUT_SECONDS, HttpServer, Rules
 from posttrain.http_core import check_bind as check_core_bind
 from posttrain.interrupts import interruptible
 from posttrain.service.engine.engine import Engine
+from posttrain.service.engine.errors import ServiceError
 from posttrain.service.engine.requests import Limits
 from posttrain.service.protocols.long_polls import LongPollGate
 from posttrain.service.protocols.native.routes import PREFIX, service_routes
 from posttrain.service.protocols.openai.routes import openai_routes
+from posttrain.service.protocols.tinker.journal import Journal
+from posttrain.service.protocols.tinker.replay import replay_journal
 from posttrain.service.protocols.tinker.routes import TinkerService, tinker_available
 
 
@@ -72,24 +77,58 @@ def start_server(
     verbose: bool = False,
     read_timeout_s: float = READ_TIMEOUT_SECONDS,
     tokens: Mapping[str, str] | None = None,
+    journal: bool = True,
+    state_store: str | None = None,
 ) -> RunningServer:
     """Serve ``engine`` on a background thread (port 0 picks a free port). A client that
     stalls for ``read_timeout_s`` inside its request is dropped. ``tokens``: a tokens
-    file's ``{token: name}`` (``posttrain.access``) beside the administrator's ``token``."""
+    file's ``{token: name}`` (``posttrain.access``) beside the administrator's ``token``.
+
+    With ``journal`` the tinker routes keep every submission in the state store (SQLite
+    in the state folder, or the PostgreSQL database ``state_store`` names) and, when it
+    holds some from an earlier server, replay them before listening (their clients'
+    requests wait in the SDK's retries meanwhile): see ``protocols.tinker.journal``."""
     check_bind(host, token or ("named tokens" if tokens else None))
+    # one cap on long polls for every wing: they all hold threads of the same pool
+    long_polls = LongPollGate.from_limits(engine.limits)
+    routes = [*service_routes(engine, long_polls), *openai_routes(engine)]
+    if tinker_available():
+        tinker = TinkerService(engine, long_polls=long_polls,
+                               journal=open_journal(engine, state_store) if journal else None)
+        if tinker.journal is not None:
+            replay_before_serving(tinker, verbose)
+        routes += tinker.routes()
     server = HttpServer(host, port, Rules(token=token or None, tokens=tokens or None,
                                           max_body_bytes=engine.limits.max_body_bytes,
                                           read_timeout_s=read_timeout_s,
                                           name="posttrain serve", verbose=verbose,
                                           public_text=engine.public_text))
-    # one cap on long polls for every wing: they all hold threads of the same pool
-    long_polls = LongPollGate.from_limits(engine.limits)
-    routes = [*service_routes(engine, long_polls), *openai_routes(engine)]
-    if tinker_available():
-        routes += TinkerService(engine, long_polls=long_polls).routes()
     for method, path, handler in routes:
         server.add_route(method, path, handler)
     return RunningServer(server, engine)
+
+
+def open_journal(engine: Engine, state_store: str | None) -> Journal:
+    """The tinker routes' journal; ``PosttrainError`` (one line, what to do) when the state
+    store cannot be opened."""
+    try:
+        return Journal(engine.state_dir, state_store)
+    except ServiceError as error:
+        raise PosttrainError(f"posttrain serve: {error.message}") from None
+
+
+def replay_before_serving(tinker: TinkerService, verbose: bool) -> None:
+    """Rebuild the tinker routes' state from their journal (what a stopped server held),
+    saying so on stderr (the progress lines only when ``verbose``)."""
+    def say(text: str) -> None:
+        print(f"posttrain serve: {text}", file=sys.stderr, flush=True)
+
+    assert tinker.journal is not None
+    report = replay_journal(tinker, tinker.journal, say if verbose else lambda text: None)
+    if report.submissions or report.dropped:  # said even with --quiet: it is no request log
+        say(report.line())
+    for failure in report.failures:
+        say(failure)
 
 
 def serve(
@@ -103,12 +142,15 @@ def serve(
     torch_threads: int | None = None,
     limits: Limits | None = None,
     tokens: Mapping[str, str] | None = None,
+    journal: bool = True,
+    state_store: str | None = None,
 ) -> None:
     """Load ``base_model`` and serve the primitives until Ctrl-C (blocking)."""
     check_bind(host, token or ("named tokens" if tokens else None))
     engine = Engine(base_model, state_dir or default_state_dir(), torch_threads=torch_threads,
                     limits=limits)
-    running = start_server(engine, host, port, token, verbose=verbose, tokens=tokens)
+    running = start_server(engine, host, port, token, verbose=verbose, tokens=tokens,
+                           journal=journal, state_store=state_store)
     dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]
     print(f"posttrain serve: {base_model} on {running.url}{PREFIX} (state in {engine.state_dir})",
           flush=True)

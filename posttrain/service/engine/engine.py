@@ -54,6 +54,11 @@ from posttrain.service.engine.sessions import Session, Sessions
 DEFAULT_HEARTBEAT_TIMEOUT_S = checks.DEFAULT_HEARTBEAT_TIMEOUT_S
 
 
+def new_run_id() -> str:
+    """A fresh run id (``run-`` and 16 hex digits)."""
+    return "run-" + uuid.uuid4().hex[:16]
+
+
 class Engine:
     """Holds the base model and every session and run; thread-safe."""
 
@@ -94,6 +99,7 @@ class Engine:
         self._operations: dict[str, Operation] = {}
         self._damaged_runs: dict[str, state.DamagedRecord] = {}
         self._stopping = threading.Event()
+        self._session_end_listeners: list[Any] = []
         self._load_run_records()
         self._reaper = threading.Thread(
             target=self._reap_loop, args=(reap_interval_s,), name="session-reaper", daemon=True
@@ -129,11 +135,13 @@ class Engine:
 
     # ------------------------------------------------------------ sessions
 
-    def create_session(self, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
-                       ) -> dict[str, Any]:
+    def create_session(self, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                       session_id: str | None = None) -> dict[str, Any]:
         """Open a session; ``heartbeat_timeout_s`` (0.5 s to a day) is how long it may stay
-        silent."""
-        return self._sessions.create(checks.heartbeat_timeout(heartbeat_timeout_s))
+        silent. ``session_id``: the id to give it (a wing rebuilding the sessions a restart
+        lost chooses them itself, ``sessions.new_session_id``); by default a fresh one."""
+        return self._sessions.create(checks.heartbeat_timeout(heartbeat_timeout_s),
+                                     session_id)
 
     def heartbeat(self, session_id: str) -> dict[str, Any]:
         """Keep a session alive (``Conflict`` once it is closed or expired)."""
@@ -151,7 +159,15 @@ class Engine:
         """A session in any state (``NotFound`` for an unknown id)."""
         return self._sessions.get(session_id)
 
+    def on_session_end(self, listener: Any) -> None:
+        """Call ``listener(session_id, status)`` when a session is closed or expires
+        (under the engine's lock: it must be quick and must not call back into the
+        engine). The tinker wing journals expiries with it."""
+        self._session_end_listeners.append(listener)
+
     def _cancel_runs_of(self, session: Session, why: str) -> None:
+        for listener in self._session_end_listeners:
+            listener(session.session_id, session.status)
         for run_id in session.run_ids:
             run = self._runs.get(run_id)
             if run is not None and not run.terminal:
@@ -215,32 +231,41 @@ class Engine:
                 f"{live} runs are live (limit {self.limits.max_runs}); finish or cancel one"
             )
 
-    def create_run(self, session_id: Any, spec: LoraSpec) -> dict[str, Any]:
+    def create_run(self, session_id: Any, spec: LoraSpec, run_id: str | None = None
+                   ) -> dict[str, Any]:
         """A new LoRA run with adapter ``spec`` in open session ``session_id``. ``BadRequest``
         for a spec this model cannot take, ``NotFound`` / ``Conflict`` for a session that is
-        unknown or not open, ``TooManyRequests`` past ``limits.max_runs``."""
+        unknown or not open, ``TooManyRequests`` past ``limits.max_runs``. ``run_id``: the
+        id to give it (``new_run_id``; a replay re-creating a run a restart made dormant
+        takes its id back), by default a fresh one."""
         spec = checks.lora_spec(spec.rank, spec.alpha, spec.seed, spec.target_modules,
                                 self.limits, self.module_names, self.optional_lora_targets)
         self._sessions.open(session_id)
         with self._lock:
             self._check_capacity()
         model = self.new_lora_model(spec)  # the slow part, outside the lock
-        return self._start_new_run(session_id, spec, model).describe()
+        return self._start_new_run(session_id, spec, model, run_id).describe()
 
-    def _start_new_run(self, session_id: Any, spec: LoraSpec, model: LoraModel) -> Run:
+    def _start_new_run(self, session_id: Any, spec: LoraSpec, model: LoraModel,
+                       run_id: str | None = None) -> Run:
         """Register and start a new run on ``model`` (numbered from seq 1) in the session,
-        if it is still open and the run table still has room."""
+        if it is still open and the run table still has room. A given ``run_id`` may name
+        a dormant or ended run (it is replaced), never a live one."""
         with self._lock:
             session = self._sessions.open(session_id)  # still open?
             self._check_capacity()
-            run = self._new_run("run-" + uuid.uuid4().hex[:16], session.session_id, spec)
+            known = self._runs.get(run_id) if run_id else None
+            if known is not None and known.status in ("active", "cancelling", "resuming"):
+                raise Conflict(f"run {run_id} is {known.status}; a live run is not replaced")
+            self._damaged_runs.pop(run_id or "", None)
+            run = self._new_run(run_id or new_run_id(), session.session_id, spec)
             self._runs[run.run_id] = run
             session.run_ids.append(run.run_id)
             run.start(model, first_seq=1)
         return run
 
     def create_run_from_state(self, session_id: str, source_run_id: str, name: str, *,
-                              optimizer: bool) -> dict[str, Any]:
+                              optimizer: bool, run_id: str | None = None) -> dict[str, Any]:
         """A new run in an open session that starts from saved state ``name`` of run
         ``source_run_id`` (any run under the state folder: live, ended, or from before a
         restart): its LoRA spec, adapter, step and, with ``optimizer``, its AdamW moments.
@@ -248,7 +273,7 @@ class Engine:
         (what the tinker SDK's ``create_training_client_from_state*`` expects).
 
         ``NotFound`` when there is no such state, ``BadRequest`` when it was saved on
-        another base model."""
+        another base model. ``run_id`` as in ``create_run``."""
         source_run_id = checks.state_name(source_run_id, "run_id")
         name = checks.state_name(name, "name")
         folder = state.run_folder(self.state_dir, source_run_id) / "states" / name
@@ -270,7 +295,7 @@ class Engine:
                              with_optimizer=optimizer)
         except (LookupError, ValueError) as error:
             raise BadRequest(str(error)) from None
-        run = self._start_new_run(session_id, spec, model)
+        run = self._start_new_run(session_id, spec, model, run_id)
         return {**run.describe(), "loaded_from": {"run_id": source_run_id, "name": name,
                                                   "step": info["step"],
                                                   "optimizer": optimizer}}

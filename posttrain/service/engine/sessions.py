@@ -41,6 +41,10 @@ class Session:
         }
 
 
+def new_session_id() -> str:
+    return "sess-" + uuid.uuid4().hex[:16]
+
+
 class Sessions:
     """Every session the engine has seen, by id; thread-safe under the engine's ``lock``."""
 
@@ -51,10 +55,14 @@ class Sessions:
         self._cancel_runs = cancel_runs
         self._sessions: dict[str, Session] = {}
 
-    def create(self, heartbeat_timeout_s: float) -> dict[str, Any]:
-        """A new open session (its json)."""
-        session = Session("sess-" + uuid.uuid4().hex[:16], heartbeat_timeout_s, self._clock())
+    def create(self, heartbeat_timeout_s: float, session_id: str | None = None
+               ) -> dict[str, Any]:
+        """A new open session (its json); ``session_id`` names it (a replay rebuilding a
+        session a restart lost), else a fresh id is drawn."""
+        session = Session(session_id or new_session_id(), heartbeat_timeout_s, self._clock())
         with self._lock:
+            if session.session_id in self._sessions:
+                raise Conflict(f"session {session.session_id} exists already")
             self._sessions[session.session_id] = session
         return session.to_json()
 

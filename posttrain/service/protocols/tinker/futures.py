@@ -71,6 +71,7 @@ class TinkerFuture:
     created_at: float = field(default_factory=time.time)
     answer: Answer | None = None
     finished_at: float | None = None
+    kept: bool = False  # its answer is in the journal (samples: a replay hands it back)
 
     def wait(self, seconds: float) -> Answer | None:
         """The answer, waiting up to ``seconds`` for it; None while it is still pending."""
@@ -79,6 +80,10 @@ class TinkerFuture:
             if answer is not None:
                 self.answer, self.finished_at = answer, time.time()
         return self.answer
+
+
+def new_request_id() -> str:
+    return "req-" + uuid.uuid4().hex
 
 
 def digest_of(payload: Any) -> str:
@@ -160,14 +165,24 @@ class FutureStore:
         self._lock = threading.Lock()
         self._by_id: dict[str, TinkerFuture] = {}
         self._by_key: dict[tuple[Any, ...], str] = {}
+        self._preset: dict[str, Answer] = {}
+
+    def preset(self, answers: dict[str, Answer]) -> None:
+        """Answers to give the futures of these request ids when they are submitted again
+        (a replay of the journal: samples a client collected are not sampled twice)."""
+        with self._lock:
+            self._preset.update(answers)
 
     def submit(self, key: tuple[Any, ...], digest: str, request_type: str,
-               start: Callable[[], Waiter]) -> tuple[TinkerFuture, bool]:
+               start: Callable[[], Waiter], new_id: Callable[[], str] = new_request_id
+               ) -> tuple[TinkerFuture, bool]:
         """The future of submission ``key``: the existing one for a retry with the same
         ``digest`` (``created`` False), else a new one whose work ``start()`` launches and
         returns a waiter for. ``start`` runs under the store's lock, so two racing retries
         start the work once; it must only queue work, never do it. A used key with another
-        digest is a ``BadRequest`` (not a 409: the SDK retries those)."""
+        digest is a ``BadRequest`` (not a 409: the SDK retries those). ``new_id`` gives a
+        new future its request id (a replay hands back the journaled one); an id whose
+        answer ``preset`` holds gets that answer and ``start`` is never called."""
         with self._lock:
             self._forget_old()
             existing_id = self._by_key.get(key)
@@ -177,7 +192,13 @@ class FutureStore:
                     raise BadRequest(f"{describe_key(key)} was already used by another request; "
                                      "a retry must resend the same payload")
                 return existing, False
-            future = TinkerFuture("req-" + uuid.uuid4().hex, request_type, start(), digest)
+            request_id = new_id()
+            kept = self._preset.pop(request_id, None)
+            if kept is not None:
+                future = TinkerFuture(request_id, request_type, lambda seconds: kept, digest,
+                                      answer=kept, finished_at=self._clock(), kept=True)
+            else:
+                future = TinkerFuture(request_id, request_type, start(), digest)
             self._by_id[future.request_id] = future
             self._by_key[key] = future.request_id
             return future, True

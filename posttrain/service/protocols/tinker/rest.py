@@ -45,6 +45,7 @@ from posttrain.atomic import write_text_atomic
 from posttrain.http_core import Request
 from posttrain.service.engine import state
 from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, ServiceError
+from posttrain.service.protocols.tinker.journal import Choices
 from posttrain.service.protocols.tinker.requests import body_object, checkpoint_path
 
 SIDE_RECORD = "tinker.json"
@@ -118,6 +119,9 @@ def _folder_size(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
+CHECKPOINT_ROUTE = "/training_runs/{run_id}/checkpoints/{kind}/{name}"
+
+
 class TinkerRest:
     """The ``RestClient`` routes over the engine (module docstring).
 
@@ -138,12 +142,12 @@ class TinkerRest:
                 raise BadRequest(REFUSALS[what])
             return handler
 
-        checkpoint = "/training_runs/{run_id}/checkpoints/{kind}/{name}"
+        # DELETE CHECKPOINT_ROUTE is delete_checkpoint, which the service journals
+        checkpoint = CHECKPOINT_ROUTE
         return [
             ("GET", "/training_runs", self.list_training_runs),
             ("GET", "/training_runs/{run_id}", self.get_training_run),
             ("GET", "/training_runs/{run_id}/checkpoints", self.list_checkpoints),
-            ("DELETE", checkpoint, self.delete_checkpoint),
             ("POST", checkpoint + "/publish", refuse("publish")),
             ("DELETE", checkpoint + "/publish", refuse("publish")),
             ("PUT", checkpoint + "/ttl", refuse("ttl")),
@@ -249,13 +253,17 @@ class TinkerRest:
         return {"checkpoints": [self._wire(c) for c in every[offset:offset + limit]],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(every)}}
 
-    def delete_checkpoint(self, request: Request) -> dict[str, Any]:
+    def delete_checkpoint(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``DELETE /training_runs/{id}/checkpoints/{kind}/{name}``: the save's folder goes
-        (renamed aside first, so a half-deleted save is never listed or loaded)."""
+        (renamed aside first, so a half-deleted save is never listed or loaded). Journaled
+        with the session of the run it deletes from, so a replay deletes it again after
+        re-making the saves before it, and forgets the deletion with that session."""
         run_id = self._run_id(request.match["run_id"])
         kind = request.match["kind"]
         path = f"tinker://{run_id}/{kind}/{request.match['name']}"
-        owner = read_side_record(self.engine.state_dir, run_id).get("owner")
+        side = read_side_record(self.engine.state_dir, run_id)
+        choices.session_id = side.get("session_id")
+        owner = side.get("owner")
         if not request.caller.may_delete(owner):
             made = f"created by {owner}" if owner else "not created with a named token"
             raise ServiceError(f"run {run_id} was {made}; a token deletes only its own "

@@ -22,17 +22,26 @@ off); a refused or failed operation is a 200 ``{"error", "category"}`` from
 
 from __future__ import annotations
 
+import random
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from posttrain.http_core import HttpError, Request, Response, json_bytes, json_response
 from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, ServiceError
+from posttrain.service.engine.sessions import new_session_id
 from posttrain.service.protocols.long_polls import LongPollGate
-from posttrain.service.protocols.tinker.futures import Answer, FutureStore, digest_of, task_waiter
+from posttrain.service.protocols.tinker.futures import (
+    Answer,
+    FutureStore,
+    digest_of,
+    new_request_id,
+    task_waiter,
+)
+from posttrain.service.protocols.tinker.journal import SESSION_EXPIRED, Choices, Entry, Journal
 from posttrain.service.protocols.tinker.proto import ProtoError
 from posttrain.service.protocols.tinker.requests import (
     body_object,
@@ -42,7 +51,7 @@ from posttrain.service.protocols.tinker.requests import (
     text,
     whole,
 )
-from posttrain.service.protocols.tinker.rest import TinkerRest
+from posttrain.service.protocols.tinker.rest import CHECKPOINT_ROUTE, TinkerRest
 from posttrain.service.protocols.tinker.sampling import SamplerSource, TinkerSampling
 from posttrain.service.protocols.tinker.training import TinkerTraining
 from posttrain.text import echo
@@ -97,12 +106,23 @@ def tinker_available() -> bool:
     return True
 
 
+Handler = Callable[[Request], Any]
+JournaledHandler = Callable[[Request, Choices], Any]
+
+
 class TinkerService:
-    """The state behind the tinker routes: training clients, sampling sessions, futures."""
+    """The state behind the tinker routes: training clients, sampling sessions, futures.
+
+    With a ``journal`` (``journal.Journal``), every submission that changes them is kept
+    before it is answered, and ``replay.replay_journal`` rebuilds them after a restart."""
 
     def __init__(self, engine: Any, settings: TinkerSettings | None = None,
-                 long_polls: LongPollGate | None = None):
+                 long_polls: LongPollGate | None = None, journal: Journal | None = None):
         self.engine = engine
+        self.journal = journal
+        # one submission at a time between handling and journaling: the journal's order
+        # is then the order in which they changed the service, which a replay repeats
+        self._submitting = threading.Lock()
         self.settings = settings or TinkerSettings()
         # the server passes the gate its other wings share (they share its threads)
         self.long_polls = long_polls or LongPollGate.from_limits(engine.limits)
@@ -118,36 +138,72 @@ class TinkerService:
         self._sampling_keys: dict[tuple[str, int], str] = {}
         self.rest = TinkerRest(engine, run_of_model=self.training.run_of_model,
                                samplers_of=self._samplers_of)
+        if journal is not None:
+            engine.on_session_end(self._journal_expiry)
+
+    def _journal_expiry(self, session_id: str, status: str) -> None:
+        """A session that lapsed ends in the journal too (a finish is journaled as the
+        request it is): nothing of it is replayed at the next start."""
+        if status == "expired" and self.journal is not None:
+            self.journal.append(Entry(SESSION_EXPIRED, {}, b"", None, None, [], session_id))
 
     # ------------------------------------------------------------ routes
 
+    def journaled_routes(self) -> dict[str, tuple[str, str, JournaledHandler]]:
+        """The submissions that change the service, by name: (method, path, handler). The
+        name is what the journal keeps and a replay dispatches on."""
+        training = self.training
+        return {
+            "create_session": ("POST", "/create_session", self.create_session),
+            "finish_session": ("POST", "/sessions/{session_id}/finish", self.finish_session),
+            "create_model": ("POST", "/create_model", training.create_model),
+            "forward_backward": ("POST", "/forward_backward", training.forward_backward),
+            "optim_step": ("POST", "/optim_step", training.optim_step),
+            "save_weights": ("POST", "/save_weights", training.save_weights),
+            "save_weights_for_sampler": ("POST", "/save_weights_for_sampler",
+                                         training.save_weights_for_sampler),
+            "save_weights_external": ("POST", "/save_weights_external",
+                                      training.save_weights_external),
+            "load_weights": ("POST", "/load_weights", training.load_weights),
+            "create_sampling_session": ("POST", "/create_sampling_session",
+                                        self.create_sampling_session),
+            "asample": ("POST", "/asample", self.asample),
+            "delete_checkpoint": ("DELETE", CHECKPOINT_ROUTE, self.rest.delete_checkpoint),
+        }
+
     def routes(self) -> list[tuple[str, str, Callable[[Request], Response]]]:
         """(method, path, handler) of every tinker endpoint."""
-        table: list[tuple[str, str, Callable[[Request], Any]]] = [
+        table: list[tuple[str, str, Handler]] = [
             ("POST", "/client/config", self.client_config),
             ("POST", "/client/dynamic_config", lambda r: {"refresh_interval_sec": 300,
                                                           "sample_cancel_enabled": False}),
-            ("POST", "/create_session", self.create_session),
             ("POST", "/session_heartbeat", self.session_heartbeat),
-            ("POST", "/sessions/{session_id}/finish", self.finish_session),
             ("POST", "/telemetry", lambda r: {"status": "accepted"}),
             ("GET", "/healthz", lambda r: {"status": "ok"}),
             ("GET", "/get_server_capabilities", self.capabilities),
-            ("POST", "/create_model", self.training.create_model),
             ("POST", "/get_info", self.training.get_info),
-            ("POST", "/forward_backward", self.training.forward_backward),
-            ("POST", "/optim_step", self.training.optim_step),
-            ("POST", "/save_weights", self.training.save_weights),
-            ("POST", "/save_weights_for_sampler", self.training.save_weights_for_sampler),
-            ("POST", "/save_weights_external", self.training.save_weights_external),
-            ("POST", "/load_weights", self.training.load_weights),
-            ("POST", "/create_sampling_session", self.create_sampling_session),
             ("GET", "/samplers/{sampler_id}", self.get_sampler),
-            ("POST", "/asample", self.asample),
             ("POST", "/retrieve_future", self.retrieve_future),
+            *[(method, path, self._journaled(name, call))
+              for name, (method, path, call) in self.journaled_routes().items()],
             *self.rest.routes(),
         ]
         return [(method, PREFIX + path, self._answer(call)) for method, path, call in table]
+
+    def _journaled(self, name: str, call: JournaledHandler) -> Handler:
+        """``call`` with fresh ``Choices``, its submission journaled before it is answered
+        (a request refused with an error changed nothing and is not kept)."""
+        def handle(request: Request) -> Any:
+            choices = Choices()
+            with self._submitting:
+                result = call(request, choices)
+                if self.journal is not None:
+                    self.journal.append(Entry(
+                        name, dict(request.match), request.body,
+                        request.headers.get("content-encoding"), request.caller.name,
+                        choices.values, choices.session_id))
+            return result
+        return handle
 
     @staticmethod
     def _answer(call: Callable[[Request], Any]) -> Callable[[Request], Response]:
@@ -183,7 +239,8 @@ class TinkerService:
                          f"{echo(name)}; pass base_model={self.engine.base_model!r} (the "
                          "one model get_server_capabilities lists)")
 
-    def _register_sampling(self, session_id: str, seq: int, source: SamplerSource) -> str:
+    def _register_sampling(self, session_id: str, seq: int, source: SamplerSource,
+                           choices: Choices) -> str:
         with self._lock:
             known = self._sampling_keys.get((session_id, seq))
             if known is not None:
@@ -191,7 +248,7 @@ class TinkerService:
                     raise BadRequest(f"sampling_session_seq_id {seq} of session {session_id} "
                                      "already names another sampler")
                 return known
-            sampling_session_id = "samp-" + uuid.uuid4().hex[:16]
+            sampling_session_id = choices.pick(lambda: "samp-" + uuid.uuid4().hex[:16])
             self._sampling_sessions[sampling_session_id] = SamplingSession(
                 sampling_session_id, session_id, source)
             self._sampling_keys[(session_id, seq)] = sampling_session_id
@@ -231,10 +288,12 @@ class TinkerService:
             "sample_join_sampling_session": False,
         }
 
-    def create_session(self, request: Request) -> dict[str, Any]:
+    def create_session(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /create_session``: an engine session with a long heartbeat timeout."""
         check_sdk_version(request.json(empty={}))
-        session = self.engine.create_session(self.settings.session_timeout_s)
+        choices.session_id = choices.pick(new_session_id)
+        session = self.engine.create_session(self.settings.session_timeout_s,
+                                             session_id=choices.session_id)
         return {"session_id": session["session_id"], "type": "create_session"}
 
     def session_heartbeat(self, request: Request) -> dict[str, Any]:
@@ -246,10 +305,12 @@ class TinkerService:
             raise HttpError(410, error.message) from None  # 410 stops the SDK's heartbeat
         return {"type": "session_heartbeat"}
 
-    def finish_session(self, request: Request) -> dict[str, Any]:
-        """``POST /sessions/{id}/finish``: close the session (its runs are cancelled)."""
+    def finish_session(self, request: Request, choices: Choices) -> dict[str, Any]:
+        """``POST /sessions/{id}/finish``: close the session (its runs are cancelled). The
+        session's journal entries are dropped at the next start: nothing of it is replayed."""
         session_id = request.match["session_id"]
         session = self.engine.close_session(session_id)
+        choices.session_id = session_id
         with self._lock:
             for sampling_session_id, entry in list(self._sampling_sessions.items()):
                 if entry.session_id == session_id:
@@ -265,10 +326,11 @@ class TinkerService:
 
     # ------------------------------------------------------------ sampling
 
-    def create_sampling_session(self, request: Request) -> dict[str, Any]:
+    def create_sampling_session(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /create_sampling_session``: from a ``tinker://`` save or the base model."""
         body = body_object(request.json())
         session_id = self._open_session(body.get("session_id"))
+        choices.session_id = session_id
         seq = whole(body, "sampling_session_seq_id", low=0)
         if body.get("base_model") is not None:
             self._check_base_model(body["base_model"])
@@ -280,7 +342,8 @@ class TinkerService:
             source = SamplerSource("base")
         else:
             raise BadRequest("body: send model_path (a tinker:// path) or base_model")
-        return {"sampling_session_id": self._register_sampling(session_id, seq, source),
+        return {"sampling_session_id": self._register_sampling(session_id, seq, source,
+                                                               choices),
                 "type": "create_sampling_session"}
 
     def get_sampler(self, request: Request) -> dict[str, Any]:
@@ -289,20 +352,25 @@ class TinkerService:
         return {"sampler_id": entry.sampling_session_id, "base_model": self.model_name,
                 "model_path": entry.source.model_path}
 
-    def asample(self, request: Request) -> dict[str, Any]:
-        """``POST /asample``: a future, with one sequence id per sample."""
+    def asample(self, request: Request, choices: Choices) -> dict[str, Any]:
+        """``POST /asample``: a future, with one sequence id per sample. A request without
+        a seed is given one here (kept in the journal, so a replay samples the same)."""
         body = body_object(request.json())
         entry = self._sampling_session(text(body, "sampling_session_id"))
         self._open_session(entry.session_id)
+        choices.session_id = entry.session_id
         seq = whole(body, "seq_id", low=0)
         job = parse_sample(body, self.engine.vocab_size, self.engine.limits)
+        if job.seed is None:
+            job = replace(job, seed=choices.pick(lambda: random.SystemRandom().randrange(2**62)))
         if self.futures.pending("Sample") >= self.settings.max_pending_samples:
             raise ServiceError(f"{self.settings.max_pending_samples} samples are waiting; "
                                "retry in a moment", status=429)
         future, _ = self.futures.submit(
             ("sample", entry.sampling_session_id, seq), digest_of(body), "Sample",
             lambda: task_waiter(lambda: Answer.proto(self.sampling.sample(entry.source, job)),
-                                public_text=self.engine.public_text))
+                                public_text=self.engine.public_text),
+            lambda: choices.pick(new_request_id))
         return {"request_id": future.request_id,
                 "sample_sequence_ids": [f"{future.request_id}-{index}"
                                         for index in range(job.num_samples)]}
@@ -321,4 +389,8 @@ class TinkerService:
         if answer is None:  # the SDK re-polls at once on 408, without logging a warning
             return Response(408, json_bytes({"type": "try_again", "request_id": request_id,
                                              "queue_state": "active"}))
+        if self.journal is not None and future.request_type == "Sample" and not future.kept:
+            # a replay hands a collected sample back instead of sampling it again
+            future.kept = True
+            self.journal.keep_answer(request_id, answer.content_type, answer.body)
         return Response(200, answer.body, answer.content_type)

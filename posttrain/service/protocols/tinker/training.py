@@ -39,6 +39,7 @@ from typing import Any
 from posttrain.http_core import Request
 from posttrain.service.engine import state
 from posttrain.service.engine.checks import state_name
+from posttrain.service.engine.engine import new_run_id
 from posttrain.service.engine.errors import BadRequest, NotFound, TooLarge
 from posttrain.service.engine.operations import fingerprint
 from posttrain.service.engine.requests import (
@@ -54,9 +55,11 @@ from posttrain.service.protocols.tinker.futures import (
     FutureStore,
     Waiter,
     digest_of,
+    new_request_id,
     operation_waiter,
     task_waiter,
 )
+from posttrain.service.protocols.tinker.journal import Choices
 from posttrain.service.protocols.tinker.proto import (
     ProtoError,
     encode_forward_backward_output,
@@ -124,12 +127,15 @@ class TinkerTraining:
     """The training clients of the tinker routes and their requests (module docstring).
 
     ``open_session(id)`` checks a session is open, ``check_base_model(name)`` that a
-    name is the server's base model, ``register_sampling(session, seq, source)`` opens a
-    sampling session: the service that owns sessions passes them in."""
+    name is the server's base model, ``register_sampling(session, seq, source, choices)``
+    opens a sampling session: the service that owns sessions passes them in.
+
+    Every submission takes the ``Choices`` it makes its random and disk-dependent
+    decisions through (``journal``), so that a replay of the journal decides the same."""
 
     def __init__(self, engine: Any, futures: FutureStore, *, model_name: str,
                  open_session: Callable[[Any], str], check_base_model: Callable[[Any], None],
-                 register_sampling: Callable[[str, int, SamplerSource], str]):
+                 register_sampling: Callable[[str, int, SamplerSource, Choices], str]):
         self.engine = engine
         self.futures = futures
         self.model_name = model_name
@@ -160,14 +166,15 @@ class TinkerTraining:
         with self._lock:
             model = self._models.get(model_id) if isinstance(model_id, str) else None
         if model is None:
-            raise NotFound(f"no training model {model_id!r} here (a restart forgets training "
-                           "clients: create one from a checkpoint path)")
+            raise NotFound(f"no training model {model_id!r} here (create_lora_training_client "
+                           "makes one, create_training_client_from_state one from a save)")
         return model
 
-    def create_model(self, request: Request) -> dict[str, Any]:
+    def create_model(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /create_model``: a LoRA run for a new training client (a future)."""
         body = body_object(request.json())
         session_id = self._open_session(body.get("session_id"))
+        choices.session_id = session_id
         model_seq_id = whole(body, "model_seq_id", low=0)
         self._check_base_model(body.get("base_model"))
         lora = body.get("lora_config") or {}
@@ -180,18 +187,21 @@ class TinkerTraining:
         check_optimizer_config(body.get("optimizer_config"))
         user_metadata = check_user_metadata(body.get("user_metadata"))
         model_id = model_id_for(session_id, model_seq_id)
-        spec = LoraSpec(rank=rank, alpha=TINKER_LORA_ALPHA, target_modules=targets,
-                        seed=seed if seed is not None else uuid.uuid4().int % 2**62)
+        if seed is None:
+            seed = choices.pick(lambda: uuid.uuid4().int % 2**62)
+        spec = LoraSpec(rank=rank, alpha=TINKER_LORA_ALPHA, target_modules=targets, seed=seed)
+        run_id = choices.pick(new_run_id)
 
         def work() -> Answer:
-            run = self.engine.create_run(session_id, spec)
+            run = self.engine.create_run(session_id, spec, run_id=run_id)
             self._remember(TrainingModel(model_id, run["run_id"], session_id, rank),
                            user_metadata, request.caller.name or None)
             return Answer.json({"model_id": model_id, "type": "create_model"})
 
         future, _ = self.futures.submit(("model", session_id, model_seq_id), digest_of(body),
                                         "CreateModel", lambda: task_waiter(
-                                            work, public_text=self.engine.public_text))
+                                            work, public_text=self.engine.public_text),
+                                        lambda: choices.pick(new_request_id))
         return {"request_id": future.request_id, "model_id": model_id}
 
     def _add_model(self, model: TrainingModel) -> None:
@@ -210,13 +220,14 @@ class TinkerTraining:
                            "model_name": self.model_name, "tokenizer_id": self.model_name},
         }
 
-    def load_weights(self, request: Request) -> dict[str, Any]:
+    def load_weights(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /load_weights``: a new training client from a save (``model_seq_id``),
         or a client's own ``load_state`` (``model_id`` + ``seq_id``)."""
         body = body_object(request.json())
         if body.get("model_id") is not None:
-            return self._load_in_place(body)
+            return self._load_in_place(body, choices)
         session_id = self._open_session(body.get("session_id"))
+        choices.session_id = session_id
         model_seq_id = whole(body, "model_seq_id", low=0)
         source = checkpoint_path(body.get("path"))
         if source.kind != "weights":
@@ -228,10 +239,11 @@ class TinkerTraining:
         check_optimizer_config(body.get("optimizer_config"))
         optimizer = flag(body, "optimizer")
         model_id = model_id_for(session_id, model_seq_id)
+        run_id = choices.pick(new_run_id)
 
         def work() -> Answer:
             run = self.engine.create_run_from_state(session_id, source.run_id, source.name,
-                                                    optimizer=optimizer)
+                                                    optimizer=optimizer, run_id=run_id)
             self._remember(TrainingModel(model_id, run["run_id"], session_id,
                                          run["lora"]["rank"]), None, request.caller.name or None)
             return Answer.json({"model_id": model_id, "path": source.path,
@@ -239,14 +251,15 @@ class TinkerTraining:
 
         future, _ = self.futures.submit(("model", session_id, model_seq_id), digest_of(body),
                                         "LoadWeights", lambda: task_waiter(
-                                            work, public_text=self.engine.public_text))
+                                            work, public_text=self.engine.public_text),
+                                        lambda: choices.pick(new_request_id))
         return {"request_id": future.request_id, "model_id": model_id}
 
     # ------------------------------------------------------------ sequenced requests
 
     def _sequenced(self, model: TrainingModel, seq: int, request_type: str, primitive: str,
                    request: Any, convert: Callable[[dict[str, Any]], Answer],
-                   digest: str, refusal: str | None = None,
+                   digest: str, choices: Choices, refusal: str | None = None,
                    on_start: Callable[[], None] | None = None) -> dict[str, Any]:
         """Submit one request of a training client as engine primitive ``primitive`` (its
         typed ``request``) at ``seq``, or, with a ``refusal``, record ``seq`` as refused
@@ -272,11 +285,12 @@ class TinkerTraining:
                                                fingerprint=sent)
             return operation_waiter(self.engine, operation["operation_id"], convert)
 
+        choices.session_id = model.session_id
         future, _ = self.futures.submit(("train", model.model_id, seq), digest, request_type,
-                                        start)
+                                        start, lambda: choices.pick(new_request_id))
         return {"request_id": future.request_id, "model_id": model.model_id}
 
-    def forward_backward(self, request: Request) -> dict[str, Any]:
+    def forward_backward(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /forward_backward`` (protobuf): ``forward_backward`` or, with
         ``forward_only``, ``forward``."""
         message = read_forward_backward(request.body, request.headers.get("content-encoding"))
@@ -305,9 +319,10 @@ class TinkerTraining:
             refusal = str(error)
         return self._sequenced(model, message.seq_id,
                                "Forward" if message.forward_only else "ForwardBackward",
-                               primitive, typed, forward_backward_answer, digest, refusal)
+                               primitive, typed, forward_backward_answer, digest, choices,
+                               refusal)
 
-    def optim_step(self, request: Request) -> dict[str, Any]:
+    def optim_step(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /optim_step``: one AdamW step with the ``adam_params`` sent."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
@@ -323,7 +338,7 @@ class TinkerTraining:
             except BadRequest as error:
                 refusal = error.message
         return self._sequenced(model, seq, "OptimStep", "optim_step", params,
-                               optim_step_answer, digest_of(body), refusal)
+                               optim_step_answer, digest_of(body), choices, refusal)
 
     def _name_refusal(self, model: TrainingModel, kind: str, name: Any, overwrite: bool
                       ) -> str | None:
@@ -348,19 +363,21 @@ class TinkerTraining:
                 model.saved_names.add((kind, name))
         return note
 
-    def save_weights(self, request: Request) -> dict[str, Any]:
+    def save_weights(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /save_weights``: ``save_state`` under the name in ``path``."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         name = body.get("path")
-        refusal = self._name_refusal(model, "weights", name, flag(body, "overwrite"))
+        # decided by the disk as it is now, which a replay finds changed: kept
+        refusal = choices.pick(lambda: self._name_refusal(model, "weights", name,
+                                                          flag(body, "overwrite")))
         path = f"tinker://{model.run_id}/weights/{name}"
         return self._sequenced(
             model, seq, "SaveWeights", "save_state", StateName(str(name)),
             lambda result: Answer.json({"path": path, "type": "save_weights"}),
-            digest_of(body), refusal, self._note_name(model, "weights", str(name)))
+            digest_of(body), choices, refusal, self._note_name(model, "weights", str(name)))
 
-    def save_weights_for_sampler(self, request: Request) -> dict[str, Any]:
+    def save_weights_for_sampler(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /save_weights_for_sampler``: a named PEFT export, or (no name) an
         in-memory snapshot with a sampling session on it."""
         body = body_object(request.json())
@@ -368,12 +385,13 @@ class TinkerTraining:
         digest = digest_of(body)
         name = body.get("path")
         if name is not None:  # a named, persistent save: a PEFT adapter folder
-            refusal = self._name_refusal(model, "sampler_weights", name, False)
+            refusal = choices.pick(lambda: self._name_refusal(model, "sampler_weights", name,
+                                                              False))
             path = f"tinker://{model.run_id}/sampler_weights/{name}"
             return self._sequenced(
                 model, seq, "SaveWeightsForSampler", "export_lora", StateName(str(name)),
                 lambda result: Answer.json({"path": path, "type": "save_weights_for_sampler"}),
-                digest, refusal, self._note_name(model, "sampler_weights", str(name)))
+                digest, choices, refusal, self._note_name(model, "sampler_weights", str(name)))
         # unnamed: an in-memory snapshot (version = seq) and a sampling session on it. An
         # "inflight" client may get newer weights, never older: a snapshot keeps that promise
         refusal = None
@@ -382,25 +400,27 @@ class TinkerTraining:
             if body.get("kind", "snapshot") not in ("snapshot", "inflight"):
                 raise BadRequest(f"kind: expected snapshot or inflight, got {body['kind']!r}")
             sampling_session_id = self._register_sampling(
-                model.session_id, sampling_seq, SamplerSource("snapshot", model.run_id, seq))
+                model.session_id, sampling_seq, SamplerSource("snapshot", model.run_id, seq),
+                choices)
         except BadRequest as error:
             refusal, sampling_session_id = error.message, ""
         return self._sequenced(
             model, seq, "SaveWeightsForSampler", "save_weights_for_sampler", SaveWeights(seq),
             lambda result: Answer.json({"sampling_session_id": sampling_session_id,
                                         "type": "save_weights_for_sampler"}),
-            digest, refusal)
+            digest, choices, refusal)
 
-    def save_weights_external(self, request: Request) -> dict[str, Any]:
+    def save_weights_external(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /save_weights_external``: refused (its seq is taken, see the docstring)."""
         body = body_object(request.json())
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         return self._sequenced(
-            model, seq, "SaveWeightsExternal", "export_lora", None, Answer.json, digest_of(body),
+            model, seq, "SaveWeightsExternal", "export_lora", None, Answer.json,
+            digest_of(body), choices,
             "save_weights_external is not served; save_weights_for_sampler(name) writes a PEFT "
             "adapter folder (runs/<run_id>/exports/<name> in the server's state folder)")
 
-    def _load_in_place(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _load_in_place(self, body: dict[str, Any], choices: Choices) -> dict[str, Any]:
         model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
         refusal, target = None, None
         try:
@@ -416,4 +436,4 @@ class TinkerTraining:
             model, seq, "LoadWeights", "load_state", target,
             lambda result: Answer.json({"path": path, "model_id": model.model_id,
                                         "type": "load_weights"}),
-            digest_of(body), refusal)
+            digest_of(body), choices, refusal)
