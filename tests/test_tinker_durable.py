@@ -153,6 +153,15 @@ def training_script(url: str, in_flight=None) -> dict:
             "tokens": [list(sequence.tokens) for sequence in sampled.sequences]}
 
 
+def journaled(state_dir: Path, route: str) -> int:
+    """How many submissions of ``route`` the server's journal holds."""
+    journal = Journal(state_dir)
+    try:
+        return sum(1 for entry in journal.entries() if entry.route == route)
+    finally:
+        journal.close()
+
+
 def adapter(state_dir: Path, run_id: str) -> dict:
     from safetensors.torch import load_file
 
@@ -181,7 +190,13 @@ def test_a_sigkilled_server_restarted_finishes_the_sdk_script_with_the_same_weig
     def kill_and_restart(step: int) -> None:
         if step != KILL_AT:
             return
-        server.kill()  # the SDK's requests now fail to connect and are retried
+        # once the server has taken this step's optim_step (journaled, answered with a
+        # request id), kill it before the SDK has its result
+        deadline = time.monotonic() + 60
+        while journaled(tmp_path, "optim_step") < KILL_AT + 1:
+            assert time.monotonic() < deadline, "the optim_step never reached the server"
+            time.sleep(0.01)
+        server.kill()  # the SDK's polls now fail to connect and are retried
 
         def start_again() -> None:
             time.sleep(1.0)
