@@ -98,6 +98,10 @@ def replay_journal(service: Any, journal: Journal,
                                                  and _in_place(entry))
         if not sequenced:
             pending = _settle(service, pending)
+        if entry.route not in handlers:  # written by a newer posttrain
+            report.failures.append(f"entry {entry.position}: unknown submission "
+                                   f"{entry.route!r}")
+            continue
         method, path, handler = handlers[entry.route]
         headers = {"content-encoding": entry.content_encoding} if entry.content_encoding else {}
         request = Request(method, path, entry.path_match, {}, headers, entry.body,
