@@ -133,6 +133,11 @@ def test_what_cannot_be_honoured_is_refused_with_why(trained):
     with pytest.raises(tinker.BadRequestError, match="external weights are not served"):
         rest.get_external_weights_urls(
             f"tinker://{trained['runs']['tagged']}/external_weights/x").result()
+    admin = tinker.AdminClient(base_url=trained["server"].url)
+    with pytest.raises(tinker.BadRequestError, match="billing is not served"):
+        admin.get_billing_usage("2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z").result()
+    with pytest.raises(tinker.BadRequestError, match="billing is not served"):
+        admin.get_current_checkpoint_storage_usage().result()
 
 
 def test_a_checkpoint_is_deleted_and_the_cookbook_reads_the_renderer(trained):

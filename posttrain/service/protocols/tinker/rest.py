@@ -69,6 +69,8 @@ REFUSALS = {
     "project": "session projects are not served: this server has one project",
     "search": "session search is not served; list_sessions pages through every session",
     "trace_export": "trace export is not served by posttrain serve",
+    "billing": "billing is not served: posttrain serve runs on your own machine and charges "
+    "nothing; a checkpoint's size is in list_checkpoints",
 }
 
 
@@ -162,6 +164,8 @@ class TinkerRest:
             ("PUT", "/sessions/{session_id}/project", refuse("project")),
             ("POST", "/sessions/{session_id}/project", refuse("project")),
             ("GET", "/sessions/{session_id}/trace_export", refuse("trace_export")),
+            ("GET", "/billing/usage/events", refuse("billing")),
+            ("GET", "/billing/usage/checkpoints/current", refuse("billing")),
         ]
 
     # ------------------------------------------------------------ runs
