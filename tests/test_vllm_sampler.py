@@ -93,7 +93,7 @@ def test_vllm_stop_reasons_map_onto_the_row_contract(finish, matched, expected):
 
 
 @pytest.mark.slow
-def test_a_grpo_run_logs_generation_time_and_the_gpu_table_reads_it(starter_2m_folder,
+def test_a_grpo_run_logs_its_phases_and_the_gpu_table_reads_them(starter_2m_folder,
                                                                      tmp_path):
     runs = tmp_path / "runs"
     code = main(["grpo", "--base-model", "starter-2m", "--prompts", "60", "--steps", "2",
@@ -104,8 +104,20 @@ def test_a_grpo_run_logs_generation_time_and_the_gpu_table_reads_it(starter_2m_f
     timed = [m for m in steps if "step_time" in m]
     assert len(timed) == 2
     assert all(0 < m["generation_time"] < m["step_time"] for m in timed)
-    share = json.loads((runs / "timed" / "summary.json").read_text())["generation_share"]
+    # every phase of TRL's step is logged, and they add up to no more than the step
+    for m in timed:
+        phases = [m[name] for name in ("generation_time", "scoring_time", "reward_time",
+                                       "loss_forward_time", "backward_time")]
+        assert all(value >= 0 for value in phases) and m["optimizer_time"] > 0, m
+        assert m["loss_forward_time"] > 0 and m["backward_time"] > 0, m
+        assert sum(phases) <= m["step_time"] * 1.01, m
+    summary = json.loads((runs / "timed" / "summary.json").read_text())
+    share = summary["generation_share"]
     assert 0 < share < 1
+    shares = summary["step_phases"]
+    assert set(shares) == {"generation", "scoring", "rewards", "loss forward", "backward",
+                           "optimizer", "other"}
+    assert abs(sum(shares.values()) - 1) < 0.01 and shares["generation"] > 0
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_summary.py"),
                            str(runs), "timed"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

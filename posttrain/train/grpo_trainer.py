@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from typing import Any, cast
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
@@ -30,6 +29,7 @@ from posttrain.train.monitor import HackMonitor, MonitorSettings
 from posttrain.train.recipe import run_recipe
 from posttrain.train.rewards import RuleReward
 from posttrain.train.signal_watch import SignalWatch
+from posttrain.train.step_phases import phase_shares, phases_line, time_phases
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 
@@ -99,29 +99,11 @@ def build_grpo_trainer(
         )
     # our console progress and the run store replace the raw log dicts printed to stdout
     trainer.remove_callback(PrinterCallback)
-    time_generation(trainer)
+    # generation_time and the other phases beside TRL's step_time: generation dominates a
+    # GRPO step (the field's first complaint, and the reason for --use-vllm), and TRL
+    # reports its own profiling only to wandb/mlflow/trackio
+    time_phases(trainer)
     return trainer
-
-
-def time_generation(trainer: Any) -> None:
-    """Log the seconds each step spends generating completions as ``generation_time``,
-    beside TRL's own ``step_time``: generation is what dominates a GRPO step (the field's
-    first complaint, and the reason for ``--use-vllm``), and TRL only reports it to
-    wandb/mlflow/trackio. Wraps TRL's ``_generate`` on this one trainer (one call per step
-    with posttrain's config); a TRL without that method logs nothing extra."""
-    generate = getattr(trainer, "_generate", None)
-    metrics = getattr(trainer, "_metrics", {}).get("train")
-    if generate is None or metrics is None:
-        return
-
-    def timed_generate(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            metrics["generation_time"].append(time.perf_counter() - started)
-
-    trainer._generate = timed_generate
 
 
 def generation_share(history: list[dict[str, Any]]) -> float | None:
@@ -188,6 +170,9 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
     if share is not None:
         context.say(f"generation took {share:.0%} of the training steps' time"
                     + ("" if settings.use_vllm else " (--use-vllm speeds it up on a GPU)"))
+    shares = phase_shares(trainer.state.log_history)
+    if shares is not None:
+        context.say(phases_line(shares))
     # what TRL saw goes in too (trainer_outcome): 2 under torchrun, or the launch fell
     # apart into copies
     return trainer_outcome(
@@ -195,7 +180,8 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         trained,
         {"monitor": monitor.summary() if monitor else None,
          "signal": signal_watch.summary(),
-         "generation_share": generation_share(trainer.state.log_history)},
+         "generation_share": generation_share(trainer.state.log_history),
+         "step_phases": shares},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
     )
