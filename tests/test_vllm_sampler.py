@@ -111,6 +111,7 @@ def test_a_grpo_run_logs_its_phases_and_the_gpu_table_reads_them(starter_2m_fold
         assert all(value >= 0 for value in phases) and m["optimizer_time"] > 0, m
         assert m["loss_forward_time"] > 0 and m["backward_time"] > 0, m
         assert sum(phases) <= m["step_time"] * 1.01, m
+        assert m["peak_rss_gib"] > 0.1, m
     summary = json.loads((runs / "timed" / "summary.json").read_text())
     share = summary["generation_share"]
     assert 0 < share < 1

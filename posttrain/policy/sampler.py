@@ -87,14 +87,18 @@ class Completion:
 class Sampler:
     """Samples replies from a ``Policy`` (see ``posttrain.policy.models``)."""
 
-    def __init__(self, policy: Any, batch_size: int = 64):
+    def __init__(self, policy: Any, batch_size: int = 64,
+                 end_ids: frozenset[int] | None = None):
+        """``end_ids``: the tokens that end a completion (stop reason "eos"); by default
+        every end-of-turn token the tokenizer and model know (``end_of_turn_ids``). A
+        caller whose trainer decides truncation by its own list passes that list."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.policy = policy
         self.model = policy.model
         self.tokenizer = policy.tokenizer
         self.batch_size = batch_size
-        self.eos_ids = end_of_turn_ids(self.tokenizer, self.model)
+        self.eos_ids = end_ids if end_ids else end_of_turn_ids(self.tokenizer, self.model)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = min(self.eos_ids)

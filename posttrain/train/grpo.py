@@ -35,8 +35,12 @@ from posttrain.errors import PosttrainError
 from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.score.rubric import trl_scale_rewards
+from posttrain.train.rollout import ROLLOUTS
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
+# completions per forward/backward pass on real weights: a pass over all 16 of a step
+# holds every layer's activations of ~6,000 tokens for the backward (SmolLM2: GiBs)
+REAL_WEIGHTS_MICRO_BATCH = 4
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 STOP_ON_ALARMS = ("hack", "length", "guard", "divergence")
@@ -146,6 +150,23 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "with --vllm-mode server: the vLLM server's base URL "
                           "(default TRL's http://0.0.0.0:8000)", "metavar": "URL"},
     )
+    micro_batch: int | None = field(
+        default=None,
+        metadata={"help": "completions per forward/backward pass of the update: the step's "
+                          "completions are sampled together and their gradients summed over "
+                          "passes of this many (the same step, less memory). Default: the "
+                          "whole step on the embedded starters, 4 on real weights",
+                  "metavar": "N"},
+    )
+    rollout: str = field(
+        default="auto",
+        metadata={"help": "what samples the training rollouts: trl (TRL's generate), "
+                          "posttrain (posttrain's batched sampler: the shared system prompt "
+                          "run once, a leaner decode loop; not with --use-vllm or a "
+                          "multi-turn environment) or auto (posttrain on real weights, trl "
+                          "on the embedded starters; the run says which and why)",
+                  "choices": ROLLOUTS},
+    )
     reward: str | None = field(
         default=None,
         metadata={
@@ -174,6 +195,13 @@ class GRPOSettings(RecipeSettings):
         if self.max_completion_length is not None:
             return self.max_completion_length
         return MULTI_TURN_COMPLETION_LENGTH if multi_turn else SINGLE_TURN_COMPLETION_LENGTH
+
+    def micro_batch_for(self, real_weights: bool, world_size: int = 1) -> int:
+        """Completions per forward/backward pass for this run (``--micro-batch`` or its
+        default), never more than one process's share of the step."""
+        share = self.completions_per_step() // world_size
+        wanted = self.micro_batch or (REAL_WEIGHTS_MICRO_BATCH if real_weights else share)
+        return min(wanted, share)
 
     def stop_on_alarms(self) -> tuple[str, ...]:
         return tuple(part.strip() for part in self.stop_on.split(",") if part.strip())
@@ -216,6 +244,10 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         raise PosttrainError(
             f"--max-completion-length must be at least 1, got {settings.max_completion_length}"
         )
+    if settings.micro_batch is not None and (
+            settings.micro_batch < 1 or batch % settings.micro_batch):
+        raise PosttrainError(f"--micro-batch {settings.micro_batch} must be at least 1 and "
+                             f"divide the step's {batch} completions (--batch-size)")
     if settings.monitor_every < 0:
         raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
     if settings.gold_endpoint:
@@ -225,6 +257,12 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         judge = gold_judge(settings, None)  # reachable and key accepted, or it says so
         if settings.gold_model:
             judge.agent.check()  # the named model is served (without one, the only one is)
+    if settings.rollout not in ROLLOUTS:
+        raise PosttrainError(f"--rollout {settings.rollout!r}: expected one of "
+                             f"{', '.join(ROLLOUTS)}")
+    if settings.rollout == "posttrain" and settings.use_vllm:
+        raise PosttrainError("--rollout posttrain samples with the training model; it cannot "
+                             "go with --use-vllm")
     if settings.use_vllm:
         problem = vllm_problem()
         if problem:
@@ -251,28 +289,47 @@ def check_grpo_data(settings: GRPOSettings, data: PreparedData) -> None:
         )
 
 
+def trl_loss_type(loss_type: str, passes: int, world_size: int) -> str:
+    """The loss type TRL is given. TRL's ``bnpo`` divides by the tokens of each pass, so
+    over several passes (``--micro-batch``) it would weight them unlike one pass over the
+    step; ``dapo`` divides every pass by the whole step's tokens, which on one process is
+    exactly ``bnpo`` over the whole step. (``grpo`` and ``dr_grpo`` already sum to the
+    same over equal passes.)"""
+    return "dapo" if loss_type == "bnpo" and passes > 1 and world_size == 1 else loss_type
+
+
 def grpo_config_kwargs(
     settings: GRPOSettings, learning_rate: float, output_dir: str, device: str,
-    max_turns: int | None = None, world_size: int = 1,
+    max_turns: int | None = None, world_size: int = 1, micro_batch: int | None = None,
 ) -> dict[str, Any]:
     """The ``trl.GRPOConfig`` arguments for these settings (pure: tested without TRL).
     ``max_turns``: the policy turns of a multi-turn environment's episode (TRL runs
-    ``max_turns - 1`` rounds of tool results)."""
+    ``max_turns - 1`` rounds of tool results). ``micro_batch``: completions per
+    forward/backward pass (``GRPOSettings.micro_batch_for``; default the whole share)."""
     on_gpu = device.startswith("cuda")
     multi_turn = max_turns is not None
+    # each process takes its share of the step's completions (whole groups are not
+    # needed per process: TRL gathers the rewards before computing advantages)
+    share = settings.completions_per_step() // world_size
+    micro = micro_batch or share
+    if share % micro:
+        raise PosttrainError(f"--micro-batch {micro} must divide the {share} completions "
+                             "each process trains on per step")
     return {
         "output_dir": output_dir,
         "max_steps": settings.steps,
-        # each process takes its share of the step's completions (whole groups are not
-        # needed per process: TRL gathers the rewards before computing advantages)
-        "per_device_train_batch_size": settings.completions_per_step() // world_size,
-        "gradient_accumulation_steps": 1,
+        # the step's completions are generated together (steps_per_generation passes of one
+        # generation batch) and the optimizer steps once after all its passes: the same
+        # step as one pass, in less memory (TRL normalises the loss over the whole batch)
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": share // micro,
+        "steps_per_generation": share // micro,
         "num_generations": settings.num_generations,
         "max_completion_length": settings.completion_budget(multi_turn),
         **({"max_tool_calling_iterations": max_turns - 1} if multi_turn else {}),
         "learning_rate": learning_rate,
         "beta": settings.beta,
-        "loss_type": settings.loss_type,
+        "loss_type": trl_loss_type(settings.loss_type, share // micro, world_size),
         "epsilon_high": settings.epsilon_high or None,
         # the advantage's std scaling: TRL computes the advantages itself (score/rubric.py)
         "scale_rewards": trl_scale_rewards(normalize_std=not settings.no_scale_rewards),

@@ -12,7 +12,9 @@ import tempfile
 from typing import Any, cast
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
+from posttrain.policy.model_agent import default_batch_size
 from posttrain.policy.models import Policy, lora_config
+from posttrain.policy.starter_names import is_starter_name
 from posttrain.policy.tool_turns import enable_tool_turns
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
@@ -28,9 +30,12 @@ from posttrain.train.measure import evaluation_sampling
 from posttrain.train.monitor import HackMonitor, MonitorSettings
 from posttrain.train.recipe import run_recipe
 from posttrain.train.rewards import RuleReward
+from posttrain.train.rollout import RolloutChoice, choose_rollout, posttrain_rollout
 from posttrain.train.signal_watch import SignalWatch
 from posttrain.train.step_phases import phase_shares, phases_line, time_phases
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
+
+ROLLOUT_WORDS = {"trl": "TRL's generate", "posttrain": "posttrain's batched sampler"}
 
 
 def grpo_dataset(env: Env, records: list[dict[str, Any]]) -> Any:
@@ -63,8 +68,10 @@ def build_grpo_trainer(
     reward: RuleReward,
     output_dir: str | None = None,
     world_size: int = 1,
+    rollout: RolloutChoice | None = None,
 ) -> Any:
-    """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
+    """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``;
+    ``rollout`` says what samples its completions (TRL's generate by default)."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -77,11 +84,18 @@ def build_grpo_trainer(
         enable_tool_turns(policy.tokenizer, policy.name)
         episode_kwargs["environment_factory"] = env.trl_environment()
         max_turns = env.max_turns
+    elif rollout is not None and rollout.name == "posttrain":
+        episode_kwargs["rollout_func"] = posttrain_rollout(
+            policy, temperature=settings.temperature, top_p=settings.top_p,
+            max_completion_length=settings.completion_budget(), seed=settings.seed,
+            batch_size=default_batch_size(policy))
     with quiet_transformers_warnings():  # the config itself warns about checkpointing
         config = GRPOConfig(
             **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
                                  max_turns=max_turns,
-                                 world_size=world_size)
+                                 world_size=world_size,
+                                 micro_batch=settings.micro_batch_for(
+                                     not is_starter_name(policy.name), world_size))
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
@@ -146,10 +160,14 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
             gold=gold_judge(settings, context.env) if settings.gold_endpoint else None,
         )
         callbacks.append(monitor)
+    rollout = choose_rollout(settings.rollout, use_vllm=settings.use_vllm,
+                             multi_turn=is_multi_turn(context.env),
+                             starter=is_starter_name(context.policy.name))
     context.say(
         f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
     )
+    context.say(f"rollouts: {ROLLOUT_WORDS[rollout.name]} ({rollout.reason})")
     trainer = build_grpo_trainer(
         context.policy,
         context.env,
@@ -160,6 +178,7 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         reward,
         output_dir=settings.trainer_output_dir(context.folder),
         world_size=context.ranks.world,
+        rollout=rollout,
     )
     trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
@@ -181,7 +200,8 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         {"monitor": monitor.summary() if monitor else None,
          "signal": signal_watch.summary(),
          "generation_share": generation_share(trainer.state.log_history),
-         "step_phases": shares},
+         "step_phases": shares,
+         "rollout": {"sampler": rollout.name, "reason": rollout.reason}},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
     )

@@ -18,12 +18,15 @@ optimizer_time      the optimizer step (AdamW; gradient clipping counts as bookk
 ==================  ========================================================================
 
 Whatever is left of ``step_time`` plus ``optimizer_time`` is the trainer's own
-bookkeeping. A TRL whose methods are named otherwise logs none of these (``phase_shares``
-then answers None).
+bookkeeping. ``peak_rss_gib`` is the process's peak resident memory at the end of each
+step (a peak set earlier, say by the evaluation before training, shows until passed). A
+TRL whose methods are named otherwise logs none of these (``phase_shares`` then answers
+None).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +66,8 @@ def time_phases(trainer: Any) -> None:
         setattr(trainer, name, clock.timed(name, getattr(trainer, name)))
     step = clock.timed("training_step", trainer.training_step)
 
+    totals: dict[str, float] = {}
+
     def training_step(*args: Any, **kwargs: Any) -> Any:
         clock.spent.clear()
         result = step(*args, **kwargs)
@@ -71,15 +76,34 @@ def time_phases(trainer: Any) -> None:
         rewards = spent.get("_calculate_rewards", 0.0)
         preparing = spent.get("_prepare_inputs", 0.0)
         loss = spent.get("compute_loss", 0.0)
-        metrics["generation_time"].append(generation)
-        metrics["reward_time"].append(rewards)
-        metrics["scoring_time"].append(max(0.0, preparing - generation - rewards))
-        metrics["loss_forward_time"].append(loss)
-        metrics["backward_time"].append(max(0.0, spent["training_step"] - preparing - loss))
+        for metric, seconds in (
+                ("generation_time", generation), ("reward_time", rewards),
+                ("scoring_time", max(0.0, preparing - generation - rewards)),
+                ("loss_forward_time", loss),
+                ("backward_time", max(0.0, spent["training_step"] - preparing - loss))):
+            totals[metric] = totals.get(metric, 0.0) + seconds
+        # an optimizer step may take several passes (--micro-batch): one sum per step, as
+        # TRL's step_time (its training_step counts the passes in _step)
+        passes = max(1, int(getattr(trainer, "current_gradient_accumulation_steps", 1)))
+        if int(getattr(trainer, "_step", 0)) % passes == 0:
+            for metric, seconds in totals.items():
+                metrics[metric].append(seconds)
+            totals.clear()
+            metrics["peak_rss_gib"].append(peak_rss_gib())
         return result
 
     trainer.training_step = training_step
     trainer.add_callback(_optimizer_timer(metrics))
+
+
+def peak_rss_gib() -> float:
+    """The process's peak resident memory so far, in GiB (0 where it cannot be read)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**30 if sys.platform == "darwin" else 2**20), 3)  # bytes / KiB
 
 
 def _optimizer_timer(metrics: Any) -> Any:

@@ -23,13 +23,15 @@ from posttrain.train.distributed import trainer_launch
 def quiet_transformers_warnings() -> Iterator[None]:
     """Silence transformers 5.24's renaming notice for gradient checkpointing, which every
     TRL run prints although posttrain turns checkpointing off (reference/spike.md 9.3),
-    and TRL's experimental-feature notice for environment_factory."""
+    and TRL's experimental-feature notices for environment_factory and rollout_func."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*")
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         # environment_factory is TRL's multi-turn route; its "experimental" notice is
         # printed on every multi-turn run and says nothing the user can act on
         warnings.filterwarnings("ignore", message=".*'environment_factory'.*experimental.*")
+        # and rollout_func, posttrain's own rollouts (--rollout posttrain), likewise
+        warnings.filterwarnings("ignore", message=".*'rollout_func'.*experimental.*")
         yield
 
 
