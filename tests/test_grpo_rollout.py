@@ -24,19 +24,19 @@ LOGPROB_TOLERANCE = 1e-3
 
 
 def test_auto_keeps_trl_on_the_starters_and_where_posttrain_cannot_run():
-    assert choose_rollout("auto", use_vllm=False, multi_turn=False, starter=True).name == "trl"
+    assert choose_rollout("auto", use_vllm=False, multi_turn=False, large_model=False).name == "trl"
     assert choose_rollout("auto", use_vllm=False, multi_turn=False,
-                          starter=False).name == "posttrain"
-    vllm = choose_rollout("auto", use_vllm=True, multi_turn=False, starter=False)
+                          large_model=True).name == "posttrain"
+    vllm = choose_rollout("auto", use_vllm=True, multi_turn=False, large_model=True)
     assert vllm.name == "trl" and "vLLM" in vllm.reason
-    turns = choose_rollout("auto", use_vllm=False, multi_turn=True, starter=False)
+    turns = choose_rollout("auto", use_vllm=False, multi_turn=True, large_model=True)
     assert turns.name == "trl" and "tool loop" in turns.reason
     assert choose_rollout("posttrain", use_vllm=False, multi_turn=False,
-                          starter=True).name == "posttrain"
+                          large_model=False).name == "posttrain"
     with pytest.raises(PosttrainError, match="tool loop is TRL's"):
-        choose_rollout("posttrain", use_vllm=False, multi_turn=True, starter=False)
+        choose_rollout("posttrain", use_vllm=False, multi_turn=True, large_model=True)
     with pytest.raises(PosttrainError, match="expected one of"):
-        choose_rollout("vllm", use_vllm=False, multi_turn=False, starter=False)
+        choose_rollout("vllm", use_vllm=False, multi_turn=False, large_model=True)
 
 
 def test_rollout_seeds_are_fixed_by_the_run_seed_and_differ_between_rows_and_calls():
@@ -180,9 +180,9 @@ def test_micro_batches_in_the_trl_config():
     from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
 
     settings = GRPOSettings(num_generations=4, batch_size=16)
-    assert settings.micro_batch_for(real_weights=False) == 16
-    assert settings.micro_batch_for(real_weights=True) == 4
-    assert settings.micro_batch_for(real_weights=True, world_size=8) == 2
+    assert settings.micro_batch_for(large_model=False) == 16
+    assert settings.micro_batch_for(large_model=True) == 4
+    assert settings.micro_batch_for(large_model=True, world_size=8) == 2
     one_pass = grpo_config_kwargs(settings, 1e-4, "/tmp/out", "cpu", micro_batch=16)
     assert (one_pass["per_device_train_batch_size"], one_pass["gradient_accumulation_steps"],
             one_pass["steps_per_generation"], one_pass["loss_type"]) == (16, 1, 1, "bnpo")

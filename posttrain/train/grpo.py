@@ -38,9 +38,9 @@ from posttrain.score.rubric import trl_scale_rewards
 from posttrain.train.rollout import ROLLOUTS
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
 
-# completions per forward/backward pass on real weights: a pass over all 16 of a step
-# holds every layer's activations of ~6,000 tokens for the backward (SmolLM2: GiBs)
-REAL_WEIGHTS_MICRO_BATCH = 4
+# completions per forward/backward pass for a model of real size: a pass over all 16 of a
+# step holds every layer's activations of ~6,000 tokens for the backward (SmolLM2: GiBs)
+LARGE_MODEL_MICRO_BATCH = 4
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 STOP_ON_ALARMS = ("hack", "length", "guard", "divergence")
@@ -154,8 +154,9 @@ class GRPOSettings(RecipeSettings):
         default=None,
         metadata={"help": "completions per forward/backward pass of the update: the step's "
                           "completions are sampled together and their gradients summed over "
-                          "passes of this many (the same step, less memory). Default: the "
-                          "whole step on the embedded starters, 4 on real weights",
+                          "passes of this many (the same step, less memory). Default: 4 for "
+                          "a model of 50M parameters or more, else the whole step (the "
+                          "embedded starters)",
                   "metavar": "N"},
     )
     rollout: str = field(
@@ -163,8 +164,9 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "what samples the training rollouts: trl (TRL's generate), "
                           "posttrain (posttrain's batched sampler: the shared system prompt "
                           "run once, a leaner decode loop; not with --use-vllm or a "
-                          "multi-turn environment) or auto (posttrain on real weights, trl "
-                          "on the embedded starters; the run says which and why)",
+                          "multi-turn environment) or auto (posttrain for a model of 50M "
+                          "parameters or more, trl for the small embedded starters; the run "
+                          "says which and why)",
                   "choices": ROLLOUTS},
     )
     reward: str | None = field(
@@ -196,11 +198,12 @@ class GRPOSettings(RecipeSettings):
             return self.max_completion_length
         return MULTI_TURN_COMPLETION_LENGTH if multi_turn else SINGLE_TURN_COMPLETION_LENGTH
 
-    def micro_batch_for(self, real_weights: bool, world_size: int = 1) -> int:
+    def micro_batch_for(self, large_model: bool, world_size: int = 1) -> int:
         """Completions per forward/backward pass for this run (``--micro-batch`` or its
-        default), never more than one process's share of the step."""
+        default: passes of ``LARGE_MODEL_MICRO_BATCH`` for a model of 50M parameters or
+        more), never more than one process's share of the step."""
         share = self.completions_per_step() // world_size
-        wanted = self.micro_batch or (REAL_WEIGHTS_MICRO_BATCH if real_weights else share)
+        wanted = self.micro_batch or (LARGE_MODEL_MICRO_BATCH if large_model else share)
         return min(wanted, share)
 
     def stop_on_alarms(self) -> tuple[str, ...]:

@@ -12,9 +12,8 @@ import tempfile
 from typing import Any, cast
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
-from posttrain.policy.model_agent import default_batch_size
-from posttrain.policy.models import Policy, lora_config
-from posttrain.policy.starter_names import is_starter_name
+from posttrain.policy.model_agent import LARGE_MODEL_PARAMETERS, default_batch_size
+from posttrain.policy.models import Policy, lora_config, parameter_count
 from posttrain.policy.tool_turns import enable_tool_turns
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
@@ -34,6 +33,13 @@ from posttrain.train.rollout import RolloutChoice, choose_rollout, posttrain_rol
 from posttrain.train.signal_watch import SignalWatch
 from posttrain.train.step_phases import phase_shares, phases_line, time_phases
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
+
+
+def is_large_model(policy: Policy) -> bool:
+    """50M parameters or more: a model of real size, not an embedded starter (the size at
+    which the sampler's micro-batches shrink too)."""
+    return parameter_count(policy.model) >= LARGE_MODEL_PARAMETERS
+
 
 ROLLOUT_WORDS = {"trl": "TRL's generate", "posttrain": "posttrain's batched sampler"}
 
@@ -95,7 +101,7 @@ def build_grpo_trainer(
                                  max_turns=max_turns,
                                  world_size=world_size,
                                  micro_batch=settings.micro_batch_for(
-                                     not is_starter_name(policy.name), world_size))
+                                     is_large_model(policy), world_size))
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
@@ -162,7 +168,7 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         callbacks.append(monitor)
     rollout = choose_rollout(settings.rollout, use_vllm=settings.use_vllm,
                              multi_turn=is_multi_turn(context.env),
-                             starter=is_starter_name(context.policy.name))
+                             large_model=is_large_model(context.policy))
     context.say(
         f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"

@@ -44,10 +44,11 @@ class RolloutChoice:
 
 
 def choose_rollout(asked: str, *, use_vllm: bool, multi_turn: bool,
-                   starter: bool) -> RolloutChoice:
+                   large_model: bool) -> RolloutChoice:
     """The rollout sampler for ``--rollout asked``; ``PosttrainError`` when ``posttrain``
-    is asked where it cannot run. ``auto`` keeps TRL's on the embedded starters, whose
-    recipes' recorded numbers come from it, and takes posttrain's on real weights."""
+    is asked where it cannot run. ``auto`` takes posttrain's for a model of real size
+    (``large_model``: 50M parameters or more) and keeps TRL's for small ones, the embedded
+    starters, whose recipes' recorded numbers come from it."""
     if asked not in ROLLOUTS:
         raise PosttrainError(f"--rollout {asked!r}: expected one of {', '.join(ROLLOUTS)}")
     blocker = ("--use-vllm samples with vLLM" if use_vllm else
@@ -61,11 +62,11 @@ def choose_rollout(asked: str, *, use_vllm: bool, multi_turn: bool,
         return RolloutChoice("posttrain", "asked for (--rollout posttrain)")
     if blocker:
         return RolloutChoice("trl", f"auto: {blocker}")
-    if starter:
-        return RolloutChoice("trl", "auto: the embedded starter (its recorded numbers come "
-                             "from TRL's sampling)")
-    return RolloutChoice("posttrain", "auto: real weights (the prompts' shared system "
-                         "prompt runs once per batch)")
+    if not large_model:
+        return RolloutChoice("trl", "auto: a model under 50M parameters, like the embedded "
+                             "starters, whose recorded numbers come from TRL's sampling")
+    return RolloutChoice("posttrain", "auto: a model of 50M parameters or more (the "
+                         "prompts' shared system prompt runs once per batch)")
 
 
 def rollout_seed(seed: int, process: int, call: int, row: int) -> int:
