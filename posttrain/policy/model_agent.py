@@ -31,6 +31,13 @@ def default_max_new_tokens(policy: Policy) -> int:
     return STARTER_MAX_NEW_TOKENS if is_starter_name(policy.name) else MODEL_MAX_NEW_TOKENS
 
 
+def is_large_model(policy: Policy) -> bool:
+    """50M parameters or more: a model of real size, not an embedded starter (the size at
+    which sampling takes smaller micro-batches, and the recipes' real-weights defaults
+    apply: posttrain.train.precision, posttrain.train.rollout)."""
+    return parameter_count(policy.model) >= LARGE_MODEL_PARAMETERS
+
+
 def default_batch_size(policy: Policy) -> int:
     """Micro-batch for sampling: 64 rows for tiny models, 16 for real ones (CPU memory/speed)."""
     return 64 if parameter_count(policy.model) < LARGE_MODEL_PARAMETERS else 16

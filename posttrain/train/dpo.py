@@ -286,7 +286,7 @@ def check_dpo_settings(settings: DPOSettings) -> None:
 
 def dpo_config_kwargs(
     settings: DPOSettings, learning_rate: float, output_dir: str, device: str,
-    parameters: int = 0, world_size: int = 1,
+    parameters: int = 0, world_size: int = 1, bf16: bool | None = None,
 ) -> dict[str, Any]:
     """The ``trl.DPOConfig`` arguments for these settings and a model of ``parameters``
     (pure: tested without TRL)."""
@@ -302,7 +302,7 @@ def dpo_config_kwargs(
         "label_smoothing": settings.resolved_label_smoothing(),
         "max_length": settings.max_length,
         "seed": settings.seed,
-        **trainer_runtime_kwargs(on_gpu, settings.report_to),
+        **trainer_runtime_kwargs(on_gpu, settings.report_to, bf16),
     }
 
 

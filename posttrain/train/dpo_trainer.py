@@ -40,6 +40,7 @@ from posttrain.train.pairs import (
     sample_pair_rows,
     summarize_pairs,
 )
+from posttrain.train.precision import PrecisionChoice, precision_for
 from posttrain.train.recipe import run_recipe
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
@@ -137,8 +138,11 @@ def build_dpo_trainer(
     callbacks: list[Any],
     output_dir: str | None = None,
     world_size: int = 1,
+    precision: PrecisionChoice | None = None,
 ) -> Any:
-    """A ready-to-train ``trl.DPOTrainer`` with a fresh LoRA adapter on ``policy.model``."""
+    """A ready-to-train ``trl.DPOTrainer`` with a fresh LoRA adapter on ``policy.model``
+    (``precision``: bf16 autocast or float32; default the runtime's, ``trainer_runtime_
+    kwargs``)."""
     from transformers import PrinterCallback
     from trl import DPOConfig, DPOTrainer
 
@@ -148,7 +152,8 @@ def build_dpo_trainer(
     with quiet_transformers_warnings():
         config = DPOConfig(**dpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
                                                parameters=parameter_count(policy.model),
-                                               world_size=world_size))
+                                               world_size=world_size,
+                                               bf16=precision.bf16 if precision else None))
         trainer = DPOTrainer(
             model=policy.model,
             ref_model=None,  # with peft_config: the reference is the adapter switched off
@@ -197,12 +202,15 @@ def train_dpo(context: RecipeContext) -> TrainOutcome:
         TrainerCallback(context.run, total_steps=settings.steps),
         ConsoleProgress("training", enabled=context.ranks.is_main),
     ]
+    precision = precision_for(settings.precision, context.policy)
+    context.say(f"trainer in {precision.words()}")
     trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks,
                                 output_dir=settings.trainer_output_dir(context.folder),
-                                world_size=context.ranks.world)
+                                world_size=context.ranks.world, precision=precision)
     trained = train_and_save(trainer, context)
     return trainer_outcome(trainer, trained,
-                           {"pair_report": report.to_dict(), "pairs": report.pairs})
+                           {"pair_report": report.to_dict(), "pairs": report.pairs,
+                            "precision": {"bf16": precision.bf16, "reason": precision.reason}})
 
 def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
     """Run the DPO recipe end to end; returns the summary (also in summary.json)."""

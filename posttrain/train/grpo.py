@@ -304,6 +304,7 @@ def trl_loss_type(loss_type: str, passes: int, world_size: int) -> str:
 def grpo_config_kwargs(
     settings: GRPOSettings, learning_rate: float, output_dir: str, device: str,
     max_turns: int | None = None, world_size: int = 1, micro_batch: int | None = None,
+    bf16: bool | None = None,
 ) -> dict[str, Any]:
     """The ``trl.GRPOConfig`` arguments for these settings (pure: tested without TRL).
     ``max_turns``: the policy turns of a multi-turn environment's episode (TRL runs
@@ -344,6 +345,6 @@ def grpo_config_kwargs(
             **({"vllm_server_base_url": settings.vllm_server_url}
                if settings.vllm_server_url else {})}
            if settings.use_vllm else {}),
-        **trainer_runtime_kwargs(on_gpu, settings.report_to),
+        **trainer_runtime_kwargs(on_gpu, settings.report_to, bf16),
     }
 

@@ -12,8 +12,8 @@ import tempfile
 from typing import Any, cast
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
-from posttrain.policy.model_agent import LARGE_MODEL_PARAMETERS, default_batch_size
-from posttrain.policy.models import Policy, lora_config, parameter_count
+from posttrain.policy.model_agent import default_batch_size, is_large_model
+from posttrain.policy.models import Policy, lora_config
 from posttrain.policy.tool_turns import enable_tool_turns
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
@@ -27,19 +27,13 @@ from posttrain.train.grpo import (
 )
 from posttrain.train.measure import evaluation_sampling
 from posttrain.train.monitor import HackMonitor, MonitorSettings
+from posttrain.train.precision import PrecisionChoice, precision_for
 from posttrain.train.recipe import run_recipe
 from posttrain.train.rewards import RuleReward
 from posttrain.train.rollout import RolloutChoice, choose_rollout, posttrain_rollout
 from posttrain.train.signal_watch import SignalWatch
 from posttrain.train.step_phases import phase_shares, phases_line, time_phases
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
-
-
-def is_large_model(policy: Policy) -> bool:
-    """50M parameters or more: a model of real size, not an embedded starter (the size at
-    which the sampler's micro-batches shrink too)."""
-    return parameter_count(policy.model) >= LARGE_MODEL_PARAMETERS
-
 
 ROLLOUT_WORDS = {"trl": "TRL's generate", "posttrain": "posttrain's batched sampler"}
 
@@ -75,6 +69,7 @@ def build_grpo_trainer(
     output_dir: str | None = None,
     world_size: int = 1,
     rollout: RolloutChoice | None = None,
+    precision: PrecisionChoice | None = None,
 ) -> Any:
     """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``;
     ``rollout`` says what samples its completions (TRL's generate by default)."""
@@ -101,7 +96,8 @@ def build_grpo_trainer(
                                  max_turns=max_turns,
                                  world_size=world_size,
                                  micro_batch=settings.micro_batch_for(
-                                     is_large_model(policy), world_size))
+                                     is_large_model(policy), world_size),
+                                 bf16=precision.bf16 if precision else None)
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     # the sampler pads on the left for generation; TRL handles its own padding
@@ -173,7 +169,9 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
     )
-    context.say(f"rollouts: {ROLLOUT_WORDS[rollout.name]} ({rollout.reason})")
+    precision = precision_for(settings.precision, context.policy)
+    context.say(f"rollouts: {ROLLOUT_WORDS[rollout.name]} ({rollout.reason}); trainer in "
+                f"{precision.words()}")
     trainer = build_grpo_trainer(
         context.policy,
         context.env,
@@ -185,6 +183,7 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         output_dir=settings.trainer_output_dir(context.folder),
         world_size=context.ranks.world,
         rollout=rollout,
+        precision=precision,
     )
     trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
@@ -207,7 +206,8 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
          "signal": signal_watch.summary(),
          "generation_share": generation_share(trainer.state.log_history),
          "step_phases": shares,
-         "rollout": {"sampler": rollout.name, "reason": rollout.reason}},
+         "rollout": {"sampler": rollout.name, "reason": rollout.reason},
+         "precision": {"bf16": precision.bf16, "reason": precision.reason}},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
     )

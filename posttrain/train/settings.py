@@ -19,6 +19,7 @@ from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
 from posttrain.runs.model_card import push_problem
 from posttrain.runs.store import describe_store
 from posttrain.text import slug
+from posttrain.train.precision import PRECISIONS
 
 # learning rates for a LoRA adapter by base-model size (parameters, rate). The seed's 5e-6
 # is for a 1.5B model; the tiny starter learns nothing visible at that rate in 40 steps
@@ -73,17 +74,19 @@ def tracker_problem(name: str) -> str | None:
     return None
 
 
-def trainer_runtime_kwargs(on_gpu: bool, report_to: str = "none") -> dict[str, Any]:
+def trainer_runtime_kwargs(on_gpu: bool, report_to: str = "none",
+                           bf16: bool | None = None) -> dict[str, Any]:
     """The TRL config values both recipes set the same way.
 
     TRL's defaults are GPU-minded (bf16, gradient checkpointing): set the CPU-safe
     values explicitly (spike.md 9.2); log every step into the run store, save
     nothing mid-run, report to no tracker but ``report_to`` (posttrain's run store is fed
-    by its own callback either way), keep the learning rate constant.
+    by its own callback either way), keep the learning rate constant. ``bf16``: autocast
+    the trainer to bfloat16 (``posttrain.train.precision``); by default on a GPU only.
     """
     return {
         "use_cpu": not on_gpu,
-        "bf16": on_gpu,
+        "bf16": on_gpu if bf16 is None else bf16,
         "fp16": False,
         "gradient_checkpointing": False,
         "logging_steps": 1,
@@ -190,6 +193,14 @@ class RecipeSettings(DataFlags):
                           "tokenizer, model card with the verdict) to this Hub repo; needs "
                           "network access and a Hub token (HF_TOKEN or `hf auth login`)",
                   "metavar": "OWNER/NAME"},
+    )
+    precision: str = field(
+        default="auto",
+        metadata={"help": "the trainer's arithmetic: fp32, bf16 (autocast: products in "
+                          "bfloat16, weights and optimizer in float32) or auto (bf16 on a GPU, "
+                          "and on a CPU with native bf16 for a model of 50M parameters or "
+                          "more; fp32 otherwise); the run says which and why",
+                  "choices": PRECISIONS},
     )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})

@@ -122,7 +122,8 @@ def check_sft_settings(settings: SFTSettings) -> None:
 
 
 def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: str,
-                      device: str, world_size: int = 1) -> dict[str, Any]:
+                      device: str, world_size: int = 1, bf16: bool | None = None
+                      ) -> dict[str, Any]:
     """The ``trl.SFTConfig`` arguments for these settings (pure: tested without TRL)."""
     return {
         "output_dir": output_dir,
@@ -135,6 +136,6 @@ def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: s
         "completion_only_loss": True,
         "packing": False,
         "seed": settings.seed,
-        **trainer_runtime_kwargs(device.startswith("cuda"), settings.report_to),
+        **trainer_runtime_kwargs(device.startswith("cuda"), settings.report_to, bf16),
     }
 

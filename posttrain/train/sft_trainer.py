@@ -31,6 +31,7 @@ from posttrain.train.demos import (
     load_demos,
     reference_demos,
 )
+from posttrain.train.precision import PrecisionChoice, precision_for
 from posttrain.train.recipe import run_recipe
 from posttrain.train.sft import SFTSettings, check_sft_settings, sft_config_kwargs
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
@@ -80,7 +81,8 @@ def write_demos(demos: list[Demo], path: Any) -> None:
 
 def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
                       learning_rate: float, callbacks: list[Any],
-                      output_dir: str | None = None, world_size: int = 1) -> Any:
+                      output_dir: str | None = None, world_size: int = 1,
+                      precision: PrecisionChoice | None = None) -> Any:
     """A ready-to-train ``trl.SFTTrainer`` with a fresh LoRA adapter on ``policy.model``."""
     from transformers import PrinterCallback
     from trl import SFTConfig, SFTTrainer
@@ -90,7 +92,8 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     policy.model.train()
     with quiet_transformers_warnings():
         config = SFTConfig(**sft_config_kwargs(settings, learning_rate, output_dir,
-                                               policy.device, world_size))
+                                               policy.device, world_size,
+                                               bf16=precision.bf16 if precision else None))
         trainer = SFTTrainer(
             model=policy.model,
             args=config,
@@ -117,14 +120,17 @@ def train_sft(context: RecipeContext) -> TrainOutcome:
         f"training: SFT, {settings.steps} steps x {settings.batch_size} demonstrations "
         f"(~{epochs:.1f} passes over {len(demos)}), loss on the replies only"
     )
+    precision = precision_for(settings.precision, context.policy)
+    context.say(f"trainer in {precision.words()}")
     callbacks = [TrainerCallback(context.run, total_steps=settings.steps),
                  ConsoleProgress("training", enabled=context.ranks.is_main)]
     trainer = build_sft_trainer(context.policy, demos, settings, context.learning_rate,
                                 callbacks, output_dir=settings.trainer_output_dir(context.folder),
-                                world_size=context.ranks.world)
+                                world_size=context.ranks.world, precision=precision)
     trained = train_and_save(trainer, context)
     return trainer_outcome(trainer, trained,
-                           {"demo_report": report.to_dict(), "demos": report.kept})
+                           {"demo_report": report.to_dict(), "demos": report.kept,
+                            "precision": {"bf16": precision.bf16, "reason": precision.reason}})
 
 def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
     """Run the SFT recipe end to end; returns the summary (also in summary.json)."""
