@@ -126,7 +126,13 @@ def test_posttrain_rollouts_match_the_trainer_on_smollm2():
 
 
 @pytest.mark.slow
-def test_a_grpo_run_with_posttrain_rollouts_says_so_and_trains(starter_2m_folder, tmp_path):
+def test_a_grpo_run_with_posttrain_rollouts_says_so_and_trains(starter_2m_folder, tmp_path,
+                                                               monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the trainer's scratch goes
     runs = tmp_path / "runs"
     code = main(["grpo", "--base-model", "starter-2m", "--prompts", "60", "--steps", "2",
                  "--num-generations", "4", "--eval-samples", "1", "--eval-repeats", "1",
@@ -141,6 +147,8 @@ def test_a_grpo_run_with_posttrain_rollouts_says_so_and_trains(starter_2m_folder
     trained = [m for m in steps if "step_time" in m]
     assert len(trained) == 2
     assert all(m["completion_length"] > 0 and m["generation_time"] > 0 for m in trained)
+    # the trainer's scratch folder went with the run
+    assert not list(scratch.glob("posttrain-*")), list(scratch.iterdir())
     # completions end where TRL reads them as ended: not all cut at the length limit
     assert min(m["completion_clipped_ratio"] for m in trained) < 1
 

@@ -16,6 +16,7 @@ Nothing is written before every input has been checked.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -284,6 +285,8 @@ def run_recipe(
         run.finish(summary, status=summary["status"])
         if new_run is not None:
             new_run.finish()
+        elif not ranks.is_main:  # the scratch run folder of another process: not kept
+            shutil.rmtree(folder.path, ignore_errors=True)
     return summary
 
 

@@ -8,10 +8,13 @@ GRPO, DPO and SFT build different trainers (``grpo_trainer``, ``dpo_trainer``,
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from posttrain.policy.models import Policy
@@ -41,6 +44,12 @@ def train_and_save(trainer: Any, context: RecipeContext) -> Policy:
     with quiet_transformers_warnings():
         trainer.train()
     trainer.model.save_pretrained(str(context.folder.adapter))
+    if context.settings.trainer_output_dir(context.folder) is None:
+        # the trainer's scratch folder (save_strategy "no": it holds nothing); left, every
+        # run would leave an empty posttrain-<recipe>-* folder in the temp folder
+        scratch = Path(trainer.args.output_dir)
+        if scratch.name.startswith("posttrain-") and scratch.parent == Path(tempfile.gettempdir()):
+            shutil.rmtree(scratch, ignore_errors=True)
     return replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
 
 
