@@ -51,3 +51,10 @@ def echo(value: Any) -> str:
     """``repr(value)`` cut short: what an error may quote of input it refuses. A query
     parameter, a config value or a YAML alias bomb can be huge; the message stays a line."""
     return _SHORT.repr(value)
+
+
+def error_line(error: BaseException) -> str:
+    """An exception's first line of text (its type's name when it has none): a driver's
+    multi-line message, cut to what fits in one line of an error."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

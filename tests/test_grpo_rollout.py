@@ -11,11 +11,10 @@ from copy import deepcopy
 import pytest
 
 from posttrain.cli import main
-from posttrain.envs import get_env
 from posttrain.errors import PosttrainError
 from posttrain.train.rollout import choose_rollout, rollout_seed
+from tests.grpo_rollouts import logprob_gaps, rollout_batch, trainer_logprobs
 
-ENV = get_env("refund")
 # sampler vs trainer logprobs of the same tokens: the two batch the rows differently (the
 # sampler runs the shared system prompt once, TRL pads each row and uses its chunked fused
 # LM head), so the float sums differ in their last bits: the largest gap measured here was
@@ -51,55 +50,17 @@ def test_the_cli_refuses_posttrain_rollouts_with_vllm(capsys):
     assert "cannot go with --use-vllm" in capsys.readouterr().err
 
 
-def rollout_batch(policy, completion_length: int, generations: int):
-    """A real GRPOTrainer with posttrain's rollouts; one step's batch scored by TRL, and
-    what the rollout function handed it."""
-    from posttrain.train.grpo import GRPOSettings
-    from posttrain.train.grpo_trainer import build_grpo_trainer, grpo_dataset
-    from posttrain.train.rewards import RuleReward
-    from posttrain.train.rollout import RolloutChoice
-
-    records = ENV.write_prompts(40, seed=3)[:4]
-    # temperature 1: TRL's trainer scores tokens at the sampling temperature, the sampler's
-    # logprobs are the raw ones (posttrain.policy.sampler); at 1 the two are the same thing
-    settings = GRPOSettings(steps=1, num_generations=generations,
-                            batch_size=generations * len(records), monitor_every=0,
-                            max_completion_length=completion_length, temperature=1.0)
-    trainer = build_grpo_trainer(policy, ENV, records, settings, 3e-4, [], RuleReward(ENV),
-                                 rollout=RolloutChoice("posttrain", "test"))
-    handed = {}
-    sample = trainer.rollout_func
-
-    def kept(prompts, the_trainer):
-        handed.update(sample(prompts, the_trainer))
-        return handed
-
-    trainer.rollout_func = kept
-    batch = [row for row in grpo_dataset(ENV, records) for _ in range(generations)]
-    return trainer, trainer._generate_and_score_completions(batch), handed
-
-
 def check_rollouts(trainer, output, handed, completion_length: int) -> float:
     """Completions end at one of TRL's eos ids or at the length limit; the sampler's
     logprobs equal TRL's logprob forward over the same tokens. Returns the largest gap."""
-    import torch
-
     ends = set(trainer.eos_token_ids)
     for ids in handed["completion_ids"]:
         assert ids and (ids[-1] in ends or len(ids) == completion_length), ids
         assert all(token not in ends for token in ids[:-1])
-    prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
-    completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-    with torch.no_grad():
-        reference, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([prompt_ids, completion_ids], dim=1),
-            torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.size(1))
-    gap = 0.0
-    for row, sampled in enumerate(handed["logprobs"]):
-        length = len(sampled)
-        assert completion_ids[row, :length].tolist() == handed["completion_ids"][row]
-        trainer_side = reference[row, :length]
-        gap = max(gap, float((trainer_side - torch.tensor(sampled)).abs().max()))
+    completion_ids = output["completion_ids"]
+    for row, sampled in enumerate(handed["completion_ids"]):
+        assert completion_ids[row, :len(sampled)].tolist() == sampled
+    gap = max(logprob_gaps(trainer_logprobs(trainer, output), handed))
     assert gap < LOGPROB_TOLERANCE, gap
     return gap
 

@@ -12,6 +12,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
 from posttrain.train.precision import choose_precision, cpu_has_native_bf16
+from tests.grpo_rollouts import logprob_gaps, rollout_batch, trainer_logprobs
 
 # bf16 autocast against float32: bfloat16 keeps 8 bits of mantissa, so a token's logprob
 # moves by hundredths to tenths. Measured here over 8 SmolLM2 completions of 12 tokens:
@@ -77,42 +78,12 @@ def test_an_sft_run_under_bf16_autocast_trains_and_says_so(starter_2m_folder, tm
 def test_grpo_under_bf16_keeps_the_trainer_near_the_sampler_on_smollm2():
     """SmolLM2 rollouts sampled in float32; TRL's trainer scores the same tokens under bf16
     autocast: close to the sampler's logprobs, within the stated tolerance."""
-    import torch
-
-    from posttrain.envs import get_env
     from posttrain.policy.loading import load_policy
-    from posttrain.train.grpo import GRPOSettings
-    from posttrain.train.grpo_trainer import build_grpo_trainer, grpo_dataset
     from posttrain.train.precision import PrecisionChoice
-    from posttrain.train.rewards import RuleReward
-    from posttrain.train.rollout import RolloutChoice
 
-    env = get_env("refund")
-    policy = load_policy("smollm2")
-    records = env.write_prompts(40, seed=3)[:4]
-    settings = GRPOSettings(steps=1, num_generations=2, batch_size=8, monitor_every=0,
-                            max_completion_length=12, temperature=1.0)
-    trainer = build_grpo_trainer(policy, env, records, settings, 3e-4, [], RuleReward(env),
-                                 rollout=RolloutChoice("posttrain", "test"),
-                                 precision=PrecisionChoice(True, "test"))
-    handed = {}
-    sample = trainer.rollout_func
-
-    def kept(prompts, the_trainer):
-        handed.update(sample(prompts, the_trainer))
-        return handed
-
-    trainer.rollout_func = kept
-    batch = [row for row in grpo_dataset(env, records) for _ in range(2)]
-    output = trainer._generate_and_score_completions(batch)
-    completion_ids = output["completion_ids"]
-    with torch.no_grad():
-        reference, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([output["prompt_ids"], completion_ids], dim=1),
-            torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
-            completion_ids.size(1))
-    gaps = []
-    for row, sampled in enumerate(handed["logprobs"]):
-        gaps += (reference[row, :len(sampled)].float() - torch.tensor(sampled)).abs().tolist()
+    trainer, output, handed = rollout_batch(load_policy("smollm2"), completion_length=12,
+                                            generations=2,
+                                            precision=PrecisionChoice(True, "test"))
+    gaps = logprob_gaps(trainer_logprobs(trainer, output), handed)
     assert max(gaps) < BF16_LOGPROB_TOLERANCE, max(gaps)
     assert sum(gaps) / len(gaps) < BF16_MEAN_TOLERANCE, sum(gaps) / len(gaps)

@@ -34,6 +34,7 @@ from tinker import types  # noqa: E402
 from posttrain.service.engine import Engine  # noqa: E402
 from posttrain.service.protocols.tinker.journal import Journal  # noqa: E402
 from posttrain.service.server import start_server  # noqa: E402
+from tests.tinker_wire import post_tinker, sdk_environment  # noqa: E402, F401 (fixture)
 
 BASE = "starter-2m"
 ADAM = types.AdamParams(learning_rate=5e-3, beta1=0.9, beta2=0.95, eps=1e-8,
@@ -43,14 +44,6 @@ SENTENCES = ["Where is my order ORD-4417? It has not arrived.",
              "Cancel ORD-9001 before it ships, please."]
 STEPS = 6
 KILL_AT = 3  # the step whose forward_backward and optim_step are in flight at the kill
-
-
-@pytest.fixture(scope="module", autouse=True)
-def sdk_environment():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_API_KEY", "tml-local")
-        patch.setenv("TINKER_TELEMETRY", "0")
-        yield
 
 
 def free_port() -> int:
@@ -98,22 +91,11 @@ class ServeProcess:
                 self.process.kill()
 
 
-def post(url: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        url + "/api/v1" + path, data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json", "X-API-Key": "tml-local"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
-
-
 def answer_of(url: str, request_id: str) -> dict:
     """retrieve_future until it answers (a 408 is the server's try-again)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        status, body = post(url, "/retrieve_future", {"request_id": request_id})
+        status, body = post_tinker(url, "/retrieve_future", {"request_id": request_id})
         if status == 200:
             return body
         assert status == 408, (status, body)
@@ -228,17 +210,17 @@ def test_futures_and_ids_survive_a_kill(starter_2m_folder, tmp_path):
     server = ServeProcess(tmp_path, free_port(), tmp_path / "serve.log")
     server.start()
     try:
-        _, session = post(server.url, "/create_session", {"sdk_version": tinker.__version__})
+        _, session = post_tinker(server.url, "/create_session", {"sdk_version": tinker.__version__})
         session_id = session["session_id"]
-        _, created = post(server.url, "/create_model", {
+        _, created = post_tinker(server.url, "/create_model", {
             "session_id": session_id, "model_seq_id": 0, "base_model": BASE,
             "lora_config": {"rank": 4}})  # no seed: the server draws one and journals it
         model_id = created["model_id"]
         assert answer_of(server.url, created["request_id"])["model_id"] == model_id
-        _, saved = post(server.url, "/save_weights", {"model_id": model_id, "seq_id": 1,
+        _, saved = post_tinker(server.url, "/save_weights", {"model_id": model_id, "seq_id": 1,
                                                       "path": "first"})
         finished = answer_of(server.url, saved["request_id"])
-        _, stepped = post(server.url, "/optim_step", {
+        _, stepped = post_tinker(server.url, "/optim_step", {
             "model_id": model_id, "seq_id": 2,
             "adam_params": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95,
                             "eps": 1e-8, "weight_decay": 0.0, "grad_clip_norm": 0.0}})
@@ -248,18 +230,18 @@ def test_futures_and_ids_survive_a_kill(starter_2m_folder, tmp_path):
         after = answer_of(server.url, stepped["request_id"])
         assert after["metrics"]["step:max"] == 1, after
         # the same session and client go on; the name taken before the kill stays taken
-        _, again = post(server.url, "/save_weights", {"model_id": model_id, "seq_id": 3,
+        _, again = post_tinker(server.url, "/save_weights", {"model_id": model_id, "seq_id": 3,
                                                       "path": "first"})
         assert "already exists" in answer_of(server.url, again["request_id"])["error"]
-        _, info = post(server.url, "/get_info", {"model_id": model_id})
+        _, info = post_tinker(server.url, "/get_info", {"model_id": model_id})
         assert info["model_id"] == model_id
-        status, _ = post(server.url, "/session_heartbeat", {"session_id": session_id})
+        status, _ = post_tinker(server.url, "/session_heartbeat", {"session_id": session_id})
         assert status == 200
         # a finished session is dropped from the journal at the next start
-        assert post(server.url, f"/sessions/{session_id}/finish", {})[0] == 200
+        assert post_tinker(server.url, f"/sessions/{session_id}/finish", {})[0] == 200
         server.kill()
         server.start()
-        status, _ = post(server.url, "/session_heartbeat", {"session_id": session_id})
+        status, _ = post_tinker(server.url, "/session_heartbeat", {"session_id": session_id})
         assert status == 410
     finally:
         server.stop()
@@ -276,12 +258,12 @@ def test_the_journal_replays_from_postgresql(policy, postgres_url, tmp_path, one
     first = start_server(Engine(BASE, tmp_path, policy=policy, torch_threads=one_torch_thread),
                          port=0, state_store=postgres_url, verbose=False)
     try:
-        _, session = post(first.url, "/create_session", {"sdk_version": tinker.__version__})
-        _, created = post(first.url, "/create_model", {
+        _, session = post_tinker(first.url, "/create_session", {"sdk_version": tinker.__version__})
+        _, created = post_tinker(first.url, "/create_model", {
             "session_id": session["session_id"], "model_seq_id": 0, "base_model": BASE,
             "lora_config": {"rank": 4, "seed": 3}})
         answer_of(first.url, created["request_id"])
-        _, saved = post(first.url, "/save_weights", {"model_id": created["model_id"],
+        _, saved = post_tinker(first.url, "/save_weights", {"model_id": created["model_id"],
                                                      "seq_id": 1, "path": "pg"})
         before = answer_of(first.url, saved["request_id"])
     finally:
@@ -291,7 +273,7 @@ def test_the_journal_replays_from_postgresql(policy, postgres_url, tmp_path, one
                           port=0, state_store=postgres_url, verbose=False)
     try:
         assert answer_of(second.url, saved["request_id"]) == before
-        _, info = post(second.url, "/get_info", {"model_id": created["model_id"]})
+        _, info = post_tinker(second.url, "/get_info", {"model_id": created["model_id"]})
         assert info["lora_rank"] == 4
     finally:
         second.stop()
@@ -347,3 +329,4 @@ def test_a_lapsed_session_is_dropped_from_the_journal(policy, tmp_path, one_torc
     finally:
         engine.shutdown()
         journal.close()
+

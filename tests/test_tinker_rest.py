@@ -16,17 +16,10 @@ from tinker import types  # noqa: E402
 
 from posttrain.service.engine import Engine  # noqa: E402
 from posttrain.service.server import start_server  # noqa: E402
+from tests.tinker_wire import sdk_environment  # noqa: E402, F401 (fixture)
 
 BASE = "starter-2m"
 ADAM = types.AdamParams(learning_rate=5e-3)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def sdk_environment():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_API_KEY", "tml-local")
-        patch.setenv("TINKER_TELEMETRY", "0")
-        yield
 
 
 def one_datum() -> types.Datum:

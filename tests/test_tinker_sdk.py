@@ -28,21 +28,13 @@ from tinker import types  # noqa: E402
 from posttrain.service.engine import Engine  # noqa: E402
 from posttrain.service.engine.requests import Limits  # noqa: E402
 from posttrain.service.server import start_server  # noqa: E402
+from tests.tinker_wire import post_tinker, sdk_environment  # noqa: E402, F401 (fixture)
 
 BASE = "starter-2m"
 ADAM = types.AdamParams(learning_rate=5e-3, beta1=0.9, beta2=0.95, eps=1e-8,
                         weight_decay=0.0, grad_clip_norm=1.0)
 SENTENCES = ["Where is my order ORD-4417? It has not arrived.",
              "Please refund order ORD-2231, the box was empty."]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def sdk_environment():
-    """A `tml-` key (the SDK refuses to start without one) and no telemetry."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_API_KEY", "tml-local")
-        patch.setenv("TINKER_TELEMETRY", "0")
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -88,18 +80,6 @@ def trainer(service):
 
 def prompt_of(tokenizer, text="Where is my order"):
     return types.ModelInput.from_ints(tokenizer.encode(text))
-
-
-def post(server, path, body):
-    """(status, parsed body) of one raw JSON request to the tinker routes."""
-    request = urllib.request.Request(
-        server.url + "/api/v1" + path, data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json", "X-API-Key": "tml-local"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
 
 
 # ---------------------------------------------------------------- training
@@ -378,13 +358,14 @@ def test_a_retried_submission_is_the_same_future_and_a_changed_one_is_refused(se
                                                                              trainer):
     body = {"model_id": trainer.model_id, "seq_id": 1, "type": "optim_step",
             "adam_params": ADAM.model_dump()}
-    status, first = post(server, "/optim_step", body)
-    _, again = post(server, "/optim_step", body)
+    status, first = post_tinker(server.url, "/optim_step", body)
+    _, again = post_tinker(server.url, "/optim_step", body)
     assert status == 200 and again["request_id"] == first["request_id"]
     changed = {**body, "adam_params": {**ADAM.model_dump(), "learning_rate": 0.5}}
-    status, refused = post(server, "/optim_step", changed)
+    status, refused = post_tinker(server.url, "/optim_step", changed)
     assert status == 400 and "seq_id 1" in refused["error"]["message"]
-    status, result = post(server, "/retrieve_future", {"request_id": first["request_id"]})
+    status, result = post_tinker(server.url, "/retrieve_future",
+                                 {"request_id": first["request_id"]})
     assert status == 200 and result["metrics"]["step:max"] == 1
 
 
@@ -392,8 +373,8 @@ def test_a_session_finished_by_close_takes_its_training_clients(server, batch):
     client = tinker.ServiceClient(base_url=server.url)
     training = client.create_lora_training_client(base_model=BASE, rank=4).result()
     client.close("success").result()
-    status, answer = post(server, "/optim_step", {"model_id": training.model_id, "seq_id": 1,
-                                                  "adam_params": ADAM.model_dump()})
+    status, answer = post_tinker(server.url, "/optim_step", {
+        "model_id": training.model_id, "seq_id": 1, "adam_params": ADAM.model_dump()})
     assert status == 400 and "its session was closed" in answer["error"]["message"]
 
 
@@ -436,7 +417,7 @@ def test_a_client_that_hangs_up_mid_request_leaves_the_server_serving(server, tr
                            + b"Content-Type: application/x-protobuf\r\n"
                            b"Content-Length: 4096\r\n\r\n\x0a\x05" + b"x" * 100)
     # a future that stays pending (seq 50 waits for 1-49), long-polled and abandoned
-    _, waiting = post(server, "/optim_step", {"model_id": trainer.model_id, "seq_id": 50,
+    _, waiting = post_tinker(server.url, "/optim_step", {"model_id": trainer.model_id, "seq_id": 50,
                                               "adam_params": ADAM.model_dump()})
     body = json.dumps({"request_id": waiting["request_id"]}).encode()
     with socket.create_connection((host, port), timeout=10) as connection:

@@ -40,7 +40,7 @@ def is_large_model(policy: Policy) -> bool:
 
 def default_batch_size(policy: Policy) -> int:
     """Micro-batch for sampling: 64 rows for tiny models, 16 for real ones (CPU memory/speed)."""
-    return 64 if parameter_count(policy.model) < LARGE_MODEL_PARAMETERS else 16
+    return 16 if is_large_model(policy) else 64
 
 
 class ModelAgent:

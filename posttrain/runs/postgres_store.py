@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 from posttrain.runs import sql
 from posttrain.runs.ops import LOST_AFTER_SECONDS, RunStoreError, StoreUnreachable
 from posttrain.runs.sql_store import SqlRunStore
+from posttrain.text import error_line
 
 URL_SCHEMES = ("postgresql", "postgres")
 # any number, the same in every posttrain: serialises schema creation across processes
@@ -113,9 +114,7 @@ class PostgresRunStore(SqlRunStore):
             raise RunStoreError(f"bad PostgreSQL URL {self.location}: {error}") from None
 
     def _unreachable(self, error: BaseException) -> str:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(
-            error).__name__
-        return (f"the run store {self.location} cannot be reached ({first_line}); check "
+        return (f"the run store {self.location} cannot be reached ({error_line(error)}); check "
                 f"that the server runs and the URL's host, port, user and database")
 
     def _connection_lost(self, error: BaseException) -> bool:

@@ -34,6 +34,7 @@ from posttrain.atomic import write_text_atomic
 from posttrain.runs import sql
 from posttrain.runs.postgres_store import is_postgres_url, redacted
 from posttrain.service.engine.errors import ServiceError
+from posttrain.text import error_line
 
 T = TypeVar("T")
 JOURNAL_FILE = "tinker-journal.sqlite"
@@ -163,7 +164,7 @@ class Journal:
                 self._connection = self._reconnect()
             except self._errors as error:
                 raise ServiceError(f"the state store {self.location} cannot be reached "
-                                   f"({first_line(error)}); retry", status=503) from None
+                                   f"({error_line(error)}); retry", status=503) from None
             if self.dialect is sql.SQLITE:
                 self._connection.execute("PRAGMA journal_mode=WAL")
         return self._connection
@@ -186,7 +187,7 @@ class Journal:
                 self._drop_connection()
                 if isinstance(error, self._errors):
                     raise ServiceError(f"the state store {self.location} failed a write "
-                                       f"({first_line(error)}); retry", status=503) from None
+                                       f"({error_line(error)}); retry", status=503) from None
                 raise
 
     def _drop_connection(self) -> None:
@@ -259,7 +260,3 @@ class Journal:
             if self._connection is not None:
                 self._drop_connection()
 
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,65 @@
+"""What the GRPO rollout tests share: a real TRL GRPOTrainer with posttrain's rollouts, one
+step's batch scored by TRL with what the rollout function handed it, and the distance
+between the sampler's logprobs and the trainer's over the same tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.envs import get_env
+
+ENV = get_env("refund")
+
+
+def rollout_batch(policy: Any, completion_length: int, generations: int,
+                  precision: Any = None) -> tuple[Any, dict, dict]:
+    """(trainer, TRL's scored batch, what the rollout function handed TRL) for 4 refund
+    prompts x ``generations``; ``precision`` a ``PrecisionChoice`` (default the runtime's)."""
+    from posttrain.train.grpo import GRPOSettings
+    from posttrain.train.grpo_trainer import build_grpo_trainer, grpo_dataset
+    from posttrain.train.rewards import RuleReward
+    from posttrain.train.rollout import RolloutChoice
+
+    records = ENV.write_prompts(40, seed=3)[:4]
+    # temperature 1: TRL's trainer scores tokens at the sampling temperature, the sampler's
+    # logprobs are the raw ones (posttrain.policy.sampler); at 1 the two are the same thing
+    settings = GRPOSettings(steps=1, num_generations=generations,
+                            batch_size=generations * len(records), monitor_every=0,
+                            max_completion_length=completion_length, temperature=1.0)
+    trainer = build_grpo_trainer(policy, ENV, records, settings, 3e-4, [], RuleReward(ENV),
+                                 rollout=RolloutChoice("posttrain", "test"),
+                                 precision=precision)
+    handed: dict = {}
+    sample = trainer.rollout_func
+
+    def kept(prompts: list, the_trainer: Any) -> dict:
+        handed.update(sample(prompts, the_trainer))
+        return handed
+
+    trainer.rollout_func = kept
+    batch = [row for row in grpo_dataset(ENV, records) for _ in range(generations)]
+    return trainer, trainer._generate_and_score_completions(batch), handed
+
+
+def trainer_logprobs(trainer: Any, output: dict) -> Any:
+    """TRL's own logprob forward over the batch's completion tokens (no gradient)."""
+    import torch
+
+    completion_ids = output["completion_ids"]
+    with torch.no_grad():
+        reference, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([output["prompt_ids"], completion_ids], dim=1),
+            torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
+            completion_ids.size(1))
+    return reference
+
+
+def logprob_gaps(reference: Any, handed: dict) -> list[float]:
+    """Per token, |trainer logprob - sampler logprob| over every handed completion."""
+    import torch
+
+    gaps: list[float] = []
+    for row, sampled in enumerate(handed["logprobs"]):
+        trainer_side = reference[row, :len(sampled)].float()
+        gaps += (trainer_side - torch.tensor(sampled)).abs().tolist()
+    return gaps
