@@ -330,3 +330,15 @@ def test_a_lapsed_session_is_dropped_from_the_journal(policy, tmp_path, one_torc
         engine.shutdown()
         journal.close()
 
+
+def test_a_damaged_journal_is_refused_with_what_to_do(policy, tmp_path, one_torch_thread):
+    from posttrain.errors import PosttrainError
+
+    (tmp_path / "tinker-journal.sqlite").write_bytes(b"not a database " * 100)
+    engine = Engine(BASE, tmp_path, policy=policy, torch_threads=one_torch_thread)
+    try:
+        with pytest.raises(PosttrainError, match="tinker-journal.sqlite cannot be opened.*"
+                                                 "move it aside"):
+            start_server(engine, port=0, verbose=False)
+    finally:
+        engine.shutdown()

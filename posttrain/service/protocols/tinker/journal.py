@@ -161,12 +161,19 @@ class Journal:
         """The connection, made again after one was lost (a database restart)."""
         if self._connection is None:
             try:
-                self._connection = self._reconnect()
+                connection = self._reconnect()
+                if self.dialect is sql.SQLITE:
+                    connection.execute("PRAGMA journal_mode=WAL")
             except self._errors as error:
+                if self.dialect is sql.SQLITE:  # a file that is not a database stays so
+                    raise ServiceError(
+                        f"the tinker journal {self.location} cannot be opened "
+                        f"({error_line(error)}): move it aside to start with an empty one "
+                        "(the sessions, training clients and futures it held are then "
+                        "forgotten; saved checkpoints stay)", status=500) from None
                 raise ServiceError(f"the state store {self.location} cannot be reached "
                                    f"({error_line(error)}); retry", status=503) from None
-            if self.dialect is sql.SQLITE:
-                self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection = connection
         return self._connection
 
     @contextmanager
