@@ -337,8 +337,8 @@ def test_a_damaged_journal_is_refused_with_what_to_do(policy, tmp_path, one_torc
     (tmp_path / "tinker-journal.sqlite").write_bytes(b"not a database " * 100)
     engine = Engine(BASE, tmp_path, policy=policy, torch_threads=one_torch_thread)
     try:
-        with pytest.raises(PosttrainError, match="tinker-journal.sqlite cannot be opened.*"
-                                                 "move it aside"):
+        with pytest.raises(PosttrainError, match=r"tinker-journal\.sqlite cannot be opened.*"
+                                                 r"move it aside"):
             start_server(engine, port=0, verbose=False)
     finally:
         engine.shutdown()

@@ -20,6 +20,7 @@ from typing import Any
 from posttrain.policy.models import Policy
 from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.distributed import trainer_launch
+from posttrain.train.fused_head import labelled_positions_only
 
 
 @contextmanager
@@ -41,7 +42,7 @@ def quiet_transformers_warnings() -> Iterator[None]:
 def train_and_save(trainer: Any, context: RecipeContext) -> Policy:
     """Run ``trainer.train()``, save its adapter to the run folder's ``adapter/``; returns
     the trained policy (the context's policy with the trained model and adapter on)."""
-    with quiet_transformers_warnings():
+    with quiet_transformers_warnings(), labelled_positions_only():
         trainer.train()
     trainer.model.save_pretrained(str(context.folder.adapter))
     if context.settings.trainer_output_dir(context.folder) is None:
