@@ -10,8 +10,11 @@ logs no step time: the gap between consecutive steps' log times), the median of 
 phase (``posttrain/train/step_phases.py``: generation, scoring, rewards, loss forward,
 backward, optimizer) and the run's peak resident memory (the whole process: loading and
 the evaluations around training included). The baseline
-is the settings before the real-weights defaults (``--precision fp32 --rollout trl
---micro-batch 16``); "defaults" leaves every flag at its default (``auto``).
+is the path before issue #30's work: the settings before the real-weights defaults
+(``--precision fp32 --rollout trl --micro-batch 16``) and TRL's fused LM head scoring every
+position on a CPU (``posttrain/train/fused_head.py`` has no switch, so the baseline's run
+swaps it for a no-op before calling the CLI); "defaults" is the command as a user runs it,
+every flag at its default (``auto``).
 
     .venv/bin/python benchmarks/real_path.py              # about 20 minutes on 2 cores
     .venv/bin/python benchmarks/real_path.py --write      # also update RESULTS.md
@@ -41,6 +44,10 @@ CONFIGS = {
              "defaults": []},
     "sft": {"baseline": ["--precision", "fp32"], "defaults": []},
 }
+# the baseline's CLI with TRL's own CPU behaviour for the fused LM head (every position)
+EVERY_POSITION = ("import contextlib, sys; import posttrain.train.trl_run as trl_run; "
+                  "trl_run.labelled_positions_only = contextlib.nullcontext; "
+                  "from posttrain.cli import main; sys.exit(main())")
 PEAK_OF_CHILD = ("import resource, subprocess, sys; "
                  "code = subprocess.run(sys.argv[1:]).returncode; "
                  "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
@@ -52,7 +59,8 @@ PHASES = ("generation_time", "scoring_time", "reward_time", "loss_forward_time",
 def run(recipe: str, config: str, steps: int, runs: Path) -> dict:
     name = f"{recipe}-{config}"
     base = GRPO if recipe == "grpo" else SFT
-    command = [sys.executable, "-m", "posttrain", *base, *CONFIGS[recipe][config],
+    entry = ["-c", EVERY_POSITION] if config == "baseline" else ["-m", "posttrain"]
+    command = [sys.executable, *entry, *base, *CONFIGS[recipe][config],
                "--steps", str(steps), "--run-name", name, "--runs-dir", str(runs),
                "--overwrite"]
     print("$ posttrain " + " ".join(command[3:]), flush=True)
@@ -118,8 +126,9 @@ def main() -> None:
             f"medians over a run's steps; {cpu_description()}). SmolLM2-135M-Instruct "
             "through `posttrain grpo` (4 prompts x 4 completions a step) and `posttrain sft` "
             "(8 demonstrations a step); baseline: `--precision fp32` (and for GRPO "
-            "`--rollout trl --micro-batch 16`), the settings before the real-weights "
-            "defaults; defaults: every flag left at auto. Peak: the run process's resident "
+            "`--rollout trl --micro-batch 16`) with TRL's fused LM head scoring every "
+            "position, the path before issue #30's work; defaults: every flag left at auto. "
+            "Peak: the run process's resident "
             "peak (loading and the evaluations included).\n\n"
             + "\n".join(sections)))
 

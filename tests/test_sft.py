@@ -110,7 +110,54 @@ def test_settings_are_checked_before_anything_is_written(tmp_path, capsys):
     assert "plays episodes" in capsys.readouterr().err
     assert main(["sft", "--demos-per-prompt", "0", "--runs-dir", str(runs)]) == 2
     assert "--demos-per-prompt must be at least 1" in capsys.readouterr().err
+    assert main(["sft", "--micro-batch", "3", "--runs-dir", str(runs)]) == 2
+    assert "--micro-batch 3 must be at least 1 and divide the step's 8" in capsys.readouterr().err
     assert not runs.exists()
+
+
+def test_micro_batches_in_the_sft_config():
+    from posttrain.train.sft import SFTSettings, sft_config_kwargs
+
+    settings = SFTSettings(batch_size=8)
+    assert settings.micro_batch_for(large_model=False) == 8
+    assert settings.micro_batch_for(large_model=True) == 2
+    assert settings.micro_batch_for(large_model=True, world_size=8) == 1
+    assert SFTSettings(batch_size=8, micro_batch=4).micro_batch_for(large_model=False) == 4
+    one_pass = sft_config_kwargs(settings, 1e-4, "/tmp/out", "cpu")
+    assert (one_pass["per_device_train_batch_size"],
+            one_pass["gradient_accumulation_steps"]) == (8, 1)
+    passes = sft_config_kwargs(settings, 1e-4, "/tmp/out", "cpu", micro_batch=2)
+    assert (passes["per_device_train_batch_size"], passes["gradient_accumulation_steps"]) == (2, 4)
+    two = sft_config_kwargs(settings, 1e-4, "/tmp/out", "cpu", world_size=2, micro_batch=2)
+    assert (two["per_device_train_batch_size"], two["gradient_accumulation_steps"]) == (2, 2)
+    with pytest.raises(PosttrainError, match="must divide"):
+        sft_config_kwargs(settings, 1e-4, "/tmp/out", "cpu", micro_batch=3)
+
+
+@pytest.mark.slow
+def test_sft_micro_batches_take_the_same_step_as_one_pass(starter_2m_folder, tmp_path):
+    """One SFT step of 8 demonstrations in one pass and in passes of 2: the same loss and
+    adapter up to float rounding (each pass's loss is divided by the whole step's reply
+    tokens, so the passes' gradients add up to the one pass's)."""
+    from safetensors.torch import load_file
+
+    runs = tmp_path / "runs"
+    losses, adapters = {}, {}
+    for micro in ("8", "2"):
+        name = f"micro-{micro}"
+        code = main(["sft", "--base-model", "starter-2m", "--prompts", "60", "--steps", "1",
+                     "--batch-size", "8", "--micro-batch", micro, "--eval-samples", "1",
+                     "--eval-repeats", "1", "--run-name", name, "--runs-dir", str(runs)])
+        assert code in (0, 1)
+        steps = [json.loads(line)["metrics"] for line in (runs / name / "metrics.jsonl").open()]
+        losses[micro] = [(m["loss"], m["grad_norm"]) for m in steps if "grad_norm" in m]
+        adapters[micro] = load_file(str(runs / name / "adapter" / "adapter_model.safetensors"))
+    assert len(losses["8"]) == len(losses["2"]) == 1
+    assert losses["2"][0] == pytest.approx(losses["8"][0], rel=1e-4, abs=1e-7)
+    for key, tensor in adapters["8"].items():
+        assert (adapters["2"][key] - tensor).abs().max() < 1e-5, key
+    # LoRA's B starts at zero: the step did train
+    assert max(float(t.abs().max()) for k, t in adapters["8"].items() if "lora_B" in k) > 0
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ import importlib.util
 import os
 import socket
 import urllib.parse
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -295,7 +296,11 @@ def load_adapter(policy: Policy, path_or_run_folder: str | Path) -> Policy:
     if policy.adapter is not None:
         policy = merge_adapter(policy)
     try:
-        model = PeftModel.from_pretrained(policy.model, str(folder), is_trainable=False)
+        with warnings.catch_warnings():
+            # PEFT asks the model `is_gradient_checkpointing`, which transformers 5.24
+            # answers with a deprecation notice the user can do nothing about
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            model = PeftModel.from_pretrained(policy.model, str(folder), is_trainable=False)
     except (ValueError, RuntimeError, KeyError) as error:
         raise PosttrainError(
             f"{folder}: this adapter does not fit {policy.name!r} ({error}); load it with the "

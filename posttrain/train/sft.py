@@ -33,6 +33,11 @@ from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runt
 #: 5e-5; 0.96 at 1e-3 x 60, no category down; benchmarks/RESULTS.md, SFT seed study)
 SFT_LEARNING_RATE_BY_SIZE = ((10e6, 1e-3), (50e6, 3e-4), (300e6, 2e-4), (1e9, 5e-5))
 SFT_LARGE_MODEL_LEARNING_RATE = 2e-5
+#: Demonstrations per forward/backward pass on a model of 50M parameters or more. A pass
+#: holds every layer's activations of its tokens for the backward (about 1 MB a token on
+#: SmolLM2 under bf16 autocast); 8 demonstrations of ~330 tokens in one pass peaked the
+#: run at 5.2 GiB, passes of 2 at 2.7 GiB, the step 5.0 -> 5.4 s (benchmarks/RESULTS.md)
+SFT_LARGE_MODEL_MICRO_BATCH = 2
 
 
 def sft_default_learning_rate(parameters: int) -> float:
@@ -77,6 +82,15 @@ class SFTSettings(RecipeSettings):
         metadata={"help": "longest prompt + reply in tokens; longer ones are cut",
                   "range": (None, 1_000_000)},
     )
+    micro_batch: int | None = field(
+        default=None,
+        metadata={"help": "demonstrations per forward/backward pass: a step's --batch-size "
+                          "demonstrations run in passes of this many whose gradients add up "
+                          "before the one optimizer step (the same step, less memory). "
+                          f"Default: {SFT_LARGE_MODEL_MICRO_BATCH} for a model of 50M "
+                          "parameters or more, else the whole step (the embedded starters)",
+                  "metavar": "N"},
+    )
     run_name: str = field(
         default=f"{DEFAULT_ENV}-sft-v1",
         metadata={"help": "the run's name: its folder and dashboard entry (left at the "
@@ -90,6 +104,13 @@ class SFTSettings(RecipeSettings):
     def uses_reference(self) -> bool:
         return self.demos == REFERENCE
 
+    def micro_batch_for(self, large_model: bool, world_size: int = 1) -> int:
+        """Demonstrations per forward/backward pass for this run (``--micro-batch`` or its
+        default by model size), never more than one process's share of the step."""
+        share = max(1, self.batch_size // world_size)
+        wanted = self.micro_batch or (SFT_LARGE_MODEL_MICRO_BATCH if large_model else share)
+        return min(wanted, share)
+
 
 def check_sft_settings(settings: SFTSettings) -> None:
     """Refuse impossible settings, and read ``--demos FILE``, before anything loads or is
@@ -100,6 +121,11 @@ def check_sft_settings(settings: SFTSettings) -> None:
         raise PosttrainError(f"--batch-size must be at least 1, got {settings.batch_size}")
     if settings.max_length < 16:
         raise PosttrainError(f"--max-length must be at least 16 tokens, got {settings.max_length}")
+    if settings.micro_batch is not None and (
+            settings.micro_batch < 1 or settings.batch_size % settings.micro_batch):
+        raise PosttrainError(f"--micro-batch {settings.micro_batch} must be at least 1 and "
+                             f"divide the step's {settings.batch_size} demonstrations "
+                             "(--batch-size)")
     if settings.demos_per_prompt < 1:
         raise PosttrainError(
             f"--demos-per-prompt must be at least 1, got {settings.demos_per_prompt}")
@@ -122,14 +148,23 @@ def check_sft_settings(settings: SFTSettings) -> None:
 
 
 def sft_config_kwargs(settings: SFTSettings, learning_rate: float, output_dir: str,
-                      device: str, world_size: int = 1, bf16: bool | None = None
-                      ) -> dict[str, Any]:
-    """The ``trl.SFTConfig`` arguments for these settings (pure: tested without TRL)."""
+                      device: str, world_size: int = 1, bf16: bool | None = None,
+                      micro_batch: int | None = None) -> dict[str, Any]:
+    """The ``trl.SFTConfig`` arguments for these settings (pure: tested without TRL).
+    ``micro_batch``: demonstrations per forward/backward pass
+    (``SFTSettings.micro_batch_for``; default the whole share). The passes' losses are
+    divided by the whole step's reply tokens (transformers hands the trainer
+    ``num_items_in_batch``), so passes add up to the one-pass step."""
+    share = settings.batch_size // world_size
+    micro = micro_batch or share
+    if share % micro:
+        raise PosttrainError(f"--micro-batch {micro} must divide each process's {share} "
+                             "demonstrations of a step")
     return {
         "output_dir": output_dir,
         "max_steps": settings.steps,
-        "per_device_train_batch_size": settings.batch_size // world_size,
-        "gradient_accumulation_steps": 1,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": share // micro,
         "learning_rate": learning_rate,
         "max_length": settings.max_length,
         # prompt-completion records: the loss is on the completion (the reply) only

@@ -18,6 +18,7 @@ from typing import Any
 
 from posttrain.atomic import write_text_atomic
 from posttrain.errors import PosttrainError
+from posttrain.policy.model_agent import is_large_model
 from posttrain.policy.models import Policy, lora_config
 from posttrain.progress import progress_bar
 from posttrain.train.callbacks import TrainerCallback
@@ -91,9 +92,10 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
     policy.model.train()
     with quiet_transformers_warnings():
-        config = SFTConfig(**sft_config_kwargs(settings, learning_rate, output_dir,
-                                               policy.device, world_size,
-                                               bf16=precision.bf16 if precision else None))
+        config = SFTConfig(**sft_config_kwargs(
+            settings, learning_rate, output_dir, policy.device, world_size,
+            bf16=precision.bf16 if precision else None,
+            micro_batch=settings.micro_batch_for(is_large_model(policy), world_size)))
         trainer = SFTTrainer(
             model=policy.model,
             args=config,
@@ -116,9 +118,12 @@ def train_sft(context: RecipeContext) -> TrainOutcome:
         context.run.note(f"demonstrations: {warning}")
     context.run.log(0, {"demos": report.kept, "demo_prompts": report.prompts})
     epochs = settings.steps * settings.batch_size / len(demos)
+    micro = settings.micro_batch_for(is_large_model(context.policy), context.ranks.world)
+    share = settings.batch_size // context.ranks.world
+    in_passes = f"; {micro} per forward/backward pass" if micro < share else ""
     context.say(
         f"training: SFT, {settings.steps} steps x {settings.batch_size} demonstrations "
-        f"(~{epochs:.1f} passes over {len(demos)}), loss on the replies only"
+        f"(~{epochs:.1f} passes over {len(demos)}{in_passes}), loss on the replies only"
     )
     precision = precision_for(settings.precision, context.policy)
     context.say(f"trainer in {precision.words()}")
