@@ -11,10 +11,12 @@ phase (``posttrain/train/step_phases.py``: generation, scoring, rewards, loss fo
 backward, optimizer) and the run's peak resident memory (the whole process: loading and
 the evaluations around training included). The baseline
 is the path before issue #30's work: the settings before the real-weights defaults
-(``--precision fp32 --rollout trl --micro-batch 16``) and TRL's fused LM head scoring every
-position on a CPU (``posttrain/train/fused_head.py`` has no switch, so the baseline's run
-swaps it for a no-op before calling the CLI); "defaults" is the command as a user runs it,
-every flag at its default (``auto``).
+(``--precision fp32 --rollout trl --micro-batch 16 --shared-prefix off``) and TRL's fused LM
+head scoring every position on a CPU (``posttrain/train/fused_head.py`` has no switch, so
+the baseline's run swaps it for a no-op before calling the CLI); "defaults" is the command
+as a user runs it, every flag at its default (``auto``); for GRPO, "no shared prefix" is
+the defaults with ``--shared-prefix off`` (passes of 4), to show what running the
+prompts' shared head once per pass adds.
 
     .venv/bin/python benchmarks/real_path.py              # about 20 minutes on 2 cores
     .venv/bin/python benchmarks/real_path.py --write      # also update RESULTS.md
@@ -40,7 +42,9 @@ GRPO = ["grpo", "--base-model", "smollm2", "--prompts", "40", "--num-generations
 SFT = ["sft", "--base-model", "smollm2", "--prompts", "40", "--batch-size", "8",
        "--eval-samples", "1", "--eval-repeats", "1"]
 CONFIGS = {
-    "grpo": {"baseline": ["--precision", "fp32", "--rollout", "trl", "--micro-batch", "16"],
+    "grpo": {"baseline": ["--precision", "fp32", "--rollout", "trl", "--micro-batch", "16",
+                          "--shared-prefix", "off"],
+             "no shared prefix": ["--shared-prefix", "off"],
              "defaults": []},
     "sft": {"baseline": ["--precision", "fp32"], "defaults": []},
 }
@@ -57,7 +61,7 @@ PHASES = ("generation_time", "scoring_time", "reward_time", "loss_forward_time",
 
 
 def run(recipe: str, config: str, steps: int, runs: Path) -> dict:
-    name = f"{recipe}-{config}"
+    name = f"{recipe}-{config.replace(' ', '-')}"
     base = GRPO if recipe == "grpo" else SFT
     entry = ["-c", EVERY_POSITION] if config == "baseline" else ["-m", "posttrain"]
     command = [sys.executable, *entry, *base, *CONFIGS[recipe][config],
@@ -126,9 +130,9 @@ def main() -> None:
             f"medians over a run's steps; {cpu_description()}). SmolLM2-135M-Instruct "
             "through `posttrain grpo` (4 prompts x 4 completions a step) and `posttrain sft` "
             "(8 demonstrations a step); baseline: `--precision fp32` (and for GRPO "
-            "`--rollout trl --micro-batch 16`) with TRL's fused LM head scoring every "
-            "position, the path before issue #30's work; defaults: every flag left at auto. "
-            "Peak: the run process's resident "
+            "`--rollout trl --micro-batch 16 --shared-prefix off`) with TRL's fused LM head "
+            "scoring every position, the path before issue #30's work; defaults: every flag "
+            "left at auto. Peak: the run process's resident "
             "peak (loading and the evaluations included).\n\n"
             + "\n".join(sections)))
 

@@ -151,6 +151,7 @@ def test_micro_batches_in_the_trl_config():
     settings = GRPOSettings(num_generations=4, batch_size=16)
     assert settings.micro_batch_for(large_model=False) == 16
     assert settings.micro_batch_for(large_model=True) == 4
+    assert settings.micro_batch_for(large_model=True, shared_prefix=True) == 8
     assert settings.micro_batch_for(large_model=True, world_size=8) == 2
     one_pass = grpo_config_kwargs(settings, 1e-4, "/tmp/out", "cpu", micro_batch=16)
     assert (one_pass["per_device_train_batch_size"], one_pass["gradient_accumulation_steps"],

@@ -37,10 +37,15 @@ from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.score.rubric import trl_scale_rewards
 from posttrain.train.rollout import ROLLOUTS
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
+from posttrain.train.shared_prefix import SHARED_PREFIX_CHOICES
 
 # completions per forward/backward pass for a model of real size: a pass over all 16 of a
 # step holds every layer's activations of ~6,000 tokens for the backward (SmolLM2: GiBs)
 LARGE_MODEL_MICRO_BATCH = 4
+# with the prompts' shared head run once per pass (posttrain.train.shared_prefix) a row holds
+# its own ~100 tokens instead of ~400, so passes of 8 fit in less memory than passes of 4
+# did, and run faster (benchmarks/RESULTS.md "Real weights: issue #30's targets")
+SHARED_PREFIX_MICRO_BATCH = 8
 # loss types TRL 1.16's GRPOTrainer accepts (checked against its GRPOConfig help text)
 GRPO_LOSS_TYPES = ("bnpo", "grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 STOP_ON_ALARMS = ("hack", "length", "guard", "divergence")
@@ -154,9 +159,9 @@ class GRPOSettings(RecipeSettings):
         default=None,
         metadata={"help": "completions per forward/backward pass of the update: the step's "
                           "completions are sampled together and their gradients summed over "
-                          "passes of this many (the same step, less memory). Default: 4 for "
-                          "a model of 50M parameters or more, else the whole step (the "
-                          "embedded starters)",
+                          "passes of this many (the same step, less memory). Default: for a "
+                          "model of 50M parameters or more 8 (4 with --shared-prefix off), "
+                          "else the whole step (the embedded starters)",
                   "metavar": "N"},
     )
     rollout: str = field(
@@ -168,6 +173,16 @@ class GRPOSettings(RecipeSettings):
                           "parameters or more, trl for the small embedded starters; the run "
                           "says which and why)",
                   "choices": ROLLOUTS},
+    )
+    shared_prefix: str = field(
+        default="auto",
+        metadata={"help": "how the update scores a pass of completions: on (the prompt "
+                          "tokens every row starts with, such as a system prompt, run once "
+                          "and shared; the same logprobs to rounding), off (TRL's forward: "
+                          "every row's whole prompt) or auto (on for a model of 50M "
+                          "parameters or more, off for the small embedded starters; the run "
+                          "says which)",
+                  "choices": SHARED_PREFIX_CHOICES},
     )
     reward: str | None = field(
         default=None,
@@ -198,12 +213,15 @@ class GRPOSettings(RecipeSettings):
             return self.max_completion_length
         return MULTI_TURN_COMPLETION_LENGTH if multi_turn else SINGLE_TURN_COMPLETION_LENGTH
 
-    def micro_batch_for(self, large_model: bool, world_size: int = 1) -> int:
+    def micro_batch_for(self, large_model: bool, world_size: int = 1,
+                        shared_prefix: bool = False) -> int:
         """Completions per forward/backward pass for this run (``--micro-batch`` or its
-        default: passes of ``LARGE_MODEL_MICRO_BATCH`` for a model of 50M parameters or
-        more), never more than one process's share of the step."""
+        default: for a model of 50M parameters or more, passes of
+        ``SHARED_PREFIX_MICRO_BATCH`` when the update shares the prompts' head, else of
+        ``LARGE_MODEL_MICRO_BATCH``), never more than one process's share of the step."""
         share = self.completions_per_step() // world_size
-        wanted = self.micro_batch or (LARGE_MODEL_MICRO_BATCH if large_model else share)
+        large = SHARED_PREFIX_MICRO_BATCH if shared_prefix else LARGE_MODEL_MICRO_BATCH
+        wanted = self.micro_batch or (large if large_model else share)
         return min(wanted, share)
 
     def stop_on_alarms(self) -> tuple[str, ...]:
@@ -263,6 +281,9 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     if settings.rollout not in ROLLOUTS:
         raise PosttrainError(f"--rollout {settings.rollout!r}: expected one of "
                              f"{', '.join(ROLLOUTS)}")
+    if settings.shared_prefix not in SHARED_PREFIX_CHOICES:
+        raise PosttrainError(f"--shared-prefix {settings.shared_prefix!r}: expected one of "
+                             f"{', '.join(SHARED_PREFIX_CHOICES)}")
     if settings.rollout == "posttrain" and settings.use_vllm:
         raise PosttrainError("--rollout posttrain samples with the training model; it cannot "
                              "go with --use-vllm")

@@ -31,6 +31,11 @@ from posttrain.train.precision import PrecisionChoice, precision_for
 from posttrain.train.recipe import run_recipe
 from posttrain.train.rewards import RuleReward
 from posttrain.train.rollout import RolloutChoice, choose_rollout, posttrain_rollout
+from posttrain.train.shared_prefix import (
+    SharedPrefixChoice,
+    choose_shared_prefix,
+    share_prompt_prefix,
+)
 from posttrain.train.signal_watch import SignalWatch
 from posttrain.train.step_phases import phase_shares, phases_line, time_phases
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
@@ -70,9 +75,12 @@ def build_grpo_trainer(
     world_size: int = 1,
     rollout: RolloutChoice | None = None,
     precision: PrecisionChoice | None = None,
+    shared_prefix: SharedPrefixChoice | None = None,
 ) -> Any:
     """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``;
-    ``rollout`` says what samples its completions (TRL's generate by default)."""
+    ``rollout`` says what samples its completions (TRL's generate by default),
+    ``shared_prefix`` whether its update runs the prompts' shared head once per pass
+    (``posttrain.train.shared_prefix``; off by default)."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -96,7 +104,8 @@ def build_grpo_trainer(
                                  max_turns=max_turns,
                                  world_size=world_size,
                                  micro_batch=settings.micro_batch_for(
-                                     is_large_model(policy), world_size),
+                                     is_large_model(policy), world_size,
+                                     shared_prefix=bool(shared_prefix and shared_prefix.on)),
                                  bf16=precision.bf16 if precision else None)
         )
     lora = lora_config(policy.model, settings.lora_rank, settings.lora_alpha)
@@ -119,6 +128,8 @@ def build_grpo_trainer(
     # GRPO step (the field's first complaint, and the reason for --use-vllm), and TRL
     # reports its own profiling only to wandb/mlflow/trackio
     time_phases(trainer)
+    if shared_prefix is not None and shared_prefix.on:
+        share_prompt_prefix(trainer)
     return trainer
 
 
@@ -170,8 +181,11 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
     )
     precision = precision_for(settings.precision, context.policy)
+    shared_prefix = choose_shared_prefix(settings.shared_prefix,
+                                         large_model=is_large_model(context.policy),
+                                         world_size=context.ranks.world)
     context.say(f"rollouts: {ROLLOUT_WORDS[rollout.name]} ({rollout.reason}); trainer in "
-                f"{precision.words()}")
+                f"{precision.words()}; {shared_prefix.words()}")
     trainer = build_grpo_trainer(
         context.policy,
         context.env,
@@ -184,6 +198,7 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
         world_size=context.ranks.world,
         rollout=rollout,
         precision=precision,
+        shared_prefix=shared_prefix,
     )
     trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
@@ -207,7 +222,8 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
          "generation_share": generation_share(trainer.state.log_history),
          "step_phases": shares,
          "rollout": {"sampler": rollout.name, "reason": rollout.reason},
-         "precision": {"bf16": precision.bf16, "reason": precision.reason}},
+         "precision": {"bf16": precision.bf16, "reason": precision.reason},
+         "shared_prefix": {"on": shared_prefix.on, "reason": shared_prefix.reason}},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
     )
