@@ -11,7 +11,8 @@ phase (``posttrain/train/step_phases.py``: generation, scoring, rewards, loss fo
 backward, optimizer) and the run's peak resident memory (the whole process: loading and
 the evaluations around training included). The baseline
 is the path before issue #30's work: the settings before the real-weights defaults
-(``--precision fp32 --rollout trl --micro-batch 16 --shared-prefix off``) and TRL's fused LM
+(``--precision fp32 --micro-batch 16 --rollout trl --shared-prefix off``; SFT
+``--precision fp32 --micro-batch 8``: one pass) and TRL's fused LM
 head scoring every position on a CPU (``posttrain/train/fused_head.py`` has no switch, so
 the baseline's run swaps it for a no-op before calling the CLI); "defaults" is the command
 as a user runs it, every flag at its default (``auto``); for GRPO, "no shared prefix" is
@@ -42,11 +43,11 @@ GRPO = ["grpo", "--base-model", "smollm2", "--prompts", "40", "--num-generations
 SFT = ["sft", "--base-model", "smollm2", "--prompts", "40", "--batch-size", "8",
        "--eval-samples", "1", "--eval-repeats", "1"]
 CONFIGS = {
-    "grpo": {"baseline": ["--precision", "fp32", "--rollout", "trl", "--micro-batch", "16",
+    "grpo": {"baseline": ["--precision", "fp32", "--micro-batch", "16", "--rollout", "trl",
                           "--shared-prefix", "off"],
              "no shared prefix": ["--shared-prefix", "off"],
              "defaults": []},
-    "sft": {"baseline": ["--precision", "fp32"], "defaults": []},
+    "sft": {"baseline": ["--precision", "fp32", "--micro-batch", "8"], "defaults": []},
 }
 # the baseline's CLI with TRL's own CPU behaviour for the fused LM head (every position)
 EVERY_POSITION = ("import contextlib, sys; import posttrain.train.trl_run as trl_run; "
@@ -129,8 +130,8 @@ def main() -> None:
             f"Command: `.venv/bin/python benchmarks/real_path.py` ({args.steps} steps a run, "
             f"medians over a run's steps; {cpu_description()}). SmolLM2-135M-Instruct "
             "through `posttrain grpo` (4 prompts x 4 completions a step) and `posttrain sft` "
-            "(8 demonstrations a step); baseline: `--precision fp32` (and for GRPO "
-            "`--rollout trl --micro-batch 16 --shared-prefix off`) with TRL's fused LM head "
+            "(8 demonstrations a step); baseline: `--precision fp32`, one pass (`--micro-batch "
+            "16`/`8`), and for GRPO `--rollout trl --shared-prefix off`, with TRL's fused LM head "
             "scoring every position, the path before issue #30's work; defaults: every flag "
             "left at auto. Peak: the run process's resident "
             "peak (loading and the evaluations included).\n\n"
