@@ -87,8 +87,8 @@ def test_posttrain_rollouts_match_the_trainer_on_smollm2():
 
 
 @pytest.mark.slow
-def test_a_grpo_run_with_posttrain_rollouts_says_so_and_trains(starter_2m_folder, tmp_path,
-                                                               monkeypatch):
+def test_a_grpo_run_with_posttrain_rollouts_and_shared_prefix_says_so_and_trains(
+        starter_2m_folder, tmp_path, monkeypatch):
     import tempfile
 
     scratch = tmp_path / "tmp"
@@ -97,13 +97,15 @@ def test_a_grpo_run_with_posttrain_rollouts_says_so_and_trains(starter_2m_folder
     runs = tmp_path / "runs"
     code = main(["grpo", "--base-model", "starter-2m", "--prompts", "60", "--steps", "2",
                  "--num-generations", "4", "--eval-samples", "1", "--eval-repeats", "1",
-                 "--monitor-every", "0", "--rollout", "posttrain", "--run-name", "rolled",
-                 "--runs-dir", str(runs)])
+                 "--monitor-every", "0", "--rollout", "posttrain", "--shared-prefix", "on",
+                 "--run-name", "rolled", "--runs-dir", str(runs)])
     assert code in (0, 1)
     summary = json.loads((runs / "rolled" / "summary.json").read_text())
     assert summary["status"] == "done"
     assert summary["rollout"] == {"sampler": "posttrain",
                                   "reason": "asked for (--rollout posttrain)"}
+    # the update ran the prompts' shared head once per pass (posttrain.train.shared_prefix)
+    assert summary["shared_prefix"] == {"on": True, "reason": "asked for (--shared-prefix on)"}
     steps = [json.loads(line)["metrics"] for line in (runs / "rolled" / "metrics.jsonl").open()]
     trained = [m for m in steps if "step_time" in m]
     assert len(trained) == 2
