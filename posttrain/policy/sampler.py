@@ -42,6 +42,8 @@ TOOL_CALL_END = "</tool_call>"
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 COMPACT_WHEN_FINISHED = 0.25  # drop finished rows from the cache past this share
 MIN_SHARED_PREFIX = 8  # shorter common prefixes are not worth a separate forward pass
+FIRST_SAMPLING_HEAD = 64  # top-p's first guess at how many tokens hold the nucleus
+HEAD_MARGIN = 1e-4  # a head must exceed top_p by this much to be sure it holds the nucleus
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,7 @@ def pick_tokens(logits: Any, generators: list[Any], params: SamplingParams) -> t
 
     Each row uses its own generator and draws exactly one uniform number (also
     when greedy, so a request's stream never depends on the settings of others).
+    The draw picks a token from the kept tokens in descending order of probability.
     The returned logprob is log-softmax of the raw logits at the chosen token.
     """
     import torch
@@ -317,17 +320,47 @@ def pick_tokens(logits: Any, generators: list[Any], params: SamplingParams) -> t
     if params.temperature == 0:
         chosen = logits.argmax(dim=-1)
     else:
-        sorted_logits, sorted_ids = torch.sort(logits / params.temperature, dim=-1, descending=True)
-        if params.top_k > 0:
-            sorted_logits[:, params.top_k :] = float("-inf")
-        probs = torch.softmax(sorted_logits, dim=-1)
+        scaled = logits / params.temperature
+        head_logits, head_ids = sampling_head(scaled, params)
+        if params.top_k > 0 or params.top_p >= 1.0:
+            probs = torch.softmax(head_logits, dim=-1)
+        else:
+            # the nucleus is measured in the whole vocabulary's probabilities
+            probs = torch.softmax(scaled, dim=-1).gather(-1, head_ids)
         if params.top_p < 1.0:
             # keep the smallest head whose mass reaches top_p (always at least one token)
             outside = probs.cumsum(dim=-1) - probs >= params.top_p
-            sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-            probs = torch.softmax(sorted_logits, dim=-1)
+            head_logits = head_logits.masked_fill(outside, float("-inf"))
+            probs = torch.softmax(head_logits, dim=-1)
         cumulative = probs.cumsum(dim=-1)
         target = (uniforms * cumulative[:, -1]).unsqueeze(-1)
-        position = torch.searchsorted(cumulative, target).clamp(max=logits.shape[-1] - 1)
-        chosen = sorted_ids.gather(-1, position).squeeze(-1)
+        position = torch.searchsorted(cumulative, target).clamp(max=head_logits.shape[-1] - 1)
+        chosen = head_ids.gather(-1, position).squeeze(-1)
     return chosen, full_logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+
+
+def sampling_head(scaled: Any, params: SamplingParams) -> tuple[Any, Any]:
+    """Each row's highest-scoring tokens in descending order (values, ids): enough of
+    them to hold every token top-k and top-p can keep, the whole vocabulary without
+    either.
+
+    Why not sort the whole row: on a laptop CPU a descending sort of 16 rows of a
+    49k vocabulary took as long as the model's decode step for them, while a 0.95
+    nucleus is usually tens of tokens. ``topk`` of a growing head finds it, with a
+    margin so that no token past the head is one rounding away from the nucleus.
+    """
+    import torch
+
+    vocab = scaled.shape[-1]
+    if params.top_k > 0:
+        return torch.topk(scaled, min(params.top_k, vocab), dim=-1)
+    if params.top_p >= 1.0:
+        return torch.sort(scaled, dim=-1, descending=True)
+    probs = torch.softmax(scaled, dim=-1)
+    size = min(FIRST_SAMPLING_HEAD, vocab)
+    while True:
+        values, ids = torch.topk(scaled, size, dim=-1)
+        mass = probs.gather(-1, ids).sum(-1)
+        if size == vocab or bool((mass >= params.top_p + HEAD_MARGIN).all()):
+            return values, ids
+        size = min(size * 4, vocab)
