@@ -1,7 +1,7 @@
 """The sampler's token draw: top-k/top-p from a sorted head instead of a full sort.
 
 ``pick_tokens`` sorts only as many of a row's tokens as top-k and top-p can keep
-(``sampling_head``). These tests hold it to the full-sort draw it replaced: the same
+(``nucleus_head``). These tests hold it to the full-sort draw it replaced: the same
 tokens for the same seeds (up to float rounding in long, flat nuclei), never a token
 outside the nucleus, and the nucleus's renormalised probabilities as frequencies.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.policy.sampler import SamplingParams, pick_tokens, sampling_head
+from posttrain.policy.sampler import SamplingParams, nucleus_head, pick_tokens
 
 
 def full_sort_pick(logits: torch.Tensor, seeds: list[int], params: SamplingParams) -> torch.Tensor:
@@ -98,7 +98,7 @@ def test_a_drawn_token_is_always_inside_the_nucleus(params):
 def test_the_head_is_sorted_and_holds_the_nucleus(scale):
     params = SamplingParams(temperature=1.0, top_p=0.95)
     logits = model_like_logits(8, 4096, scale, seed=3)
-    values, ids = sampling_head(logits, params)
+    values, ids = nucleus_head(logits, torch.softmax(logits, dim=-1), params.top_p)
     assert torch.all(values[:, :-1] >= values[:, 1:])
     assert torch.equal(logits.gather(-1, ids), values)
     mass = torch.softmax(logits, dim=-1).gather(-1, ids).sum(-1)

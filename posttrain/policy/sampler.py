@@ -320,13 +320,19 @@ def pick_tokens(logits: Any, generators: list[Any], params: SamplingParams) -> t
     if params.temperature == 0:
         chosen = logits.argmax(dim=-1)
     else:
+        # the kept tokens' candidates in descending order, and their probabilities
         scaled = logits / params.temperature
-        head_logits, head_ids = sampling_head(scaled, params)
-        if params.top_k > 0 or params.top_p >= 1.0:
+        if params.top_k > 0:
+            head_logits, head_ids = torch.topk(scaled, min(params.top_k, scaled.shape[-1]))
             probs = torch.softmax(head_logits, dim=-1)
-        else:
+        elif params.top_p < 1.0:
             # the nucleus is measured in the whole vocabulary's probabilities
-            probs = torch.softmax(scaled, dim=-1).gather(-1, head_ids)
+            vocab_probs = torch.softmax(scaled, dim=-1)
+            head_logits, head_ids = nucleus_head(scaled, vocab_probs, params.top_p)
+            probs = vocab_probs.gather(-1, head_ids)
+        else:
+            head_logits, head_ids = torch.sort(scaled, dim=-1, descending=True)
+            probs = torch.softmax(head_logits, dim=-1)
         if params.top_p < 1.0:
             # keep the smallest head whose mass reaches top_p (always at least one token)
             outside = probs.cumsum(dim=-1) - probs >= params.top_p
@@ -339,10 +345,9 @@ def pick_tokens(logits: Any, generators: list[Any], params: SamplingParams) -> t
     return chosen, full_logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
 
 
-def sampling_head(scaled: Any, params: SamplingParams) -> tuple[Any, Any]:
-    """Each row's highest-scoring tokens in descending order (values, ids): enough of
-    them to hold every token top-k and top-p can keep, the whole vocabulary without
-    either.
+def nucleus_head(scaled: Any, probs: Any, top_p: float) -> tuple[Any, Any]:
+    """Each row's highest-scoring tokens in descending order (values, ids), enough of
+    them to hold the row's top-p nucleus; ``probs`` is the softmax of ``scaled``.
 
     Why not sort the whole row: on a laptop CPU a descending sort of 16 rows of a
     49k vocabulary took as long as the model's decode step for them, while a 0.95
@@ -352,15 +357,10 @@ def sampling_head(scaled: Any, params: SamplingParams) -> tuple[Any, Any]:
     import torch
 
     vocab = scaled.shape[-1]
-    if params.top_k > 0:
-        return torch.topk(scaled, min(params.top_k, vocab), dim=-1)
-    if params.top_p >= 1.0:
-        return torch.sort(scaled, dim=-1, descending=True)
-    probs = torch.softmax(scaled, dim=-1)
     size = min(FIRST_SAMPLING_HEAD, vocab)
     while True:
         values, ids = torch.topk(scaled, size, dim=-1)
         mass = probs.gather(-1, ids).sum(-1)
-        if size == vocab or bool((mass >= params.top_p + HEAD_MARGIN).all()):
+        if size == vocab or bool((mass >= top_p + HEAD_MARGIN).all()):
             return values, ids
         size = min(size * 4, vocab)
