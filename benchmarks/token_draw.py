@@ -31,6 +31,7 @@ from results_md import cpu_description, write_section  # benchmarks/ is the scri
 from posttrain.data.prompts import split_holdout_stratified
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.envs.refund.prompts import simulate
+from posttrain.errors import PosttrainError
 from posttrain.policy import sampler as sampler_module
 from posttrain.policy.loading import load_policy
 from posttrain.policy.sampler import Sampler, SamplingParams, pick_tokens
@@ -183,7 +184,11 @@ def main() -> int:
     for name in ("runs", "repeats", "max_new_tokens", "flat_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    sampled = sampler_seconds(args.model, args.max_new_tokens, args.runs)
+    try:
+        sampled = sampler_seconds(args.model, args.max_new_tokens, args.runs)
+    except PosttrainError as error:
+        print(f"token_draw.py: {error}", file=sys.stderr)
+        return 2
     draws = {}
     for label, params in (("temperature 0.8, top-p 0.95", SamplingParams()),
                           ("temperature 1.0, top-p 0.95", SamplingParams(temperature=1.0))):
