@@ -48,8 +48,8 @@ from results_md import write_section  # benchmarks/ is the script's folder
 from transformers import TrainerCallback as HFTrainerCallback
 
 from posttrain.runs.store import NullRun
-from posttrain.train.grpo import GRPOSettings
-from posttrain.train.grpo_trainer import run_grpo
+from posttrain.train.grpo.settings import GRPOSettings
+from posttrain.train.grpo.trainer import run_grpo
 
 SECTION = "Logging overhead"
 SIDES = ("bare", "store", "store + monitor")
@@ -86,7 +86,7 @@ def timed_hooks(totals: dict[str, float]) -> Iterator[None]:
     way a difference of two wall times does.
     """
     from posttrain.train.callbacks import TrainerCallback
-    from posttrain.train.monitor import HackMonitor
+    from posttrain.train.grpo.monitor import HackMonitor
 
     hooks = [(TrainerCallback, name, "callback")
              for name in ("on_train_begin", "on_step_end", "on_log")]

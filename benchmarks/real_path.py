@@ -7,7 +7,7 @@ the README's shapes (GRPO: 4 prompts x 4 completions a step; SFT: 8 demonstratio
 step), ``--steps`` steps, a small evaluation around it. Read from each run's metrics: the
 median seconds of a step (GRPO: TRL's ``step_time`` plus the optimizer step; SFT, which
 logs no step time: the gap between consecutive steps' log times), the median of each
-phase (``posttrain/train/step_phases.py``: generation, scoring, rewards, loss forward,
+phase (``posttrain/train/grpo/step_phases.py``: generation, scoring, rewards, loss forward,
 backward, optimizer) and the run's peak resident memory (the whole process: loading and
 the evaluations around training included). The baseline
 is the path before issue #30's work: the settings before the real-weights defaults

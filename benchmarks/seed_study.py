@@ -41,7 +41,7 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
     """One default run of ``recipe`` on the environment's starter (or ``starter``) from
     build seed ``build`` (``starter@build`` for refund) with training seed ``seed``."""
     from posttrain.envs import get_env
-    from posttrain.policy.starter import build_starter
+    from posttrain.policy.starters.build import build_starter
 
     starter = starter or getattr(get_env(env), "starter_model", None) or "starter"
     name = f"{starter}@{build}"
@@ -50,14 +50,14 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
     build_record = json.loads((folder / "build.json").read_text())
     starter = build_record.get("name", starter)
     if recipe == "grpo":
-        from posttrain.train.grpo import GRPOSettings as Settings
-        from posttrain.train.grpo_trainer import run_grpo as run
+        from posttrain.train.grpo.settings import GRPOSettings as Settings
+        from posttrain.train.grpo.trainer import run_grpo as run
     elif recipe == "sft":
-        from posttrain.train.sft import SFTSettings as Settings
-        from posttrain.train.sft_trainer import run_sft as run
+        from posttrain.train.sft.settings import SFTSettings as Settings
+        from posttrain.train.sft.trainer import run_sft as run
     else:
-        from posttrain.train.dpo import DPOSettings as Settings
-        from posttrain.train.dpo_trainer import run_dpo as run
+        from posttrain.train.dpo.settings import DPOSettings as Settings
+        from posttrain.train.dpo.trainer import run_dpo as run
     settings = Settings(run_name=f"{recipe}-b{build}-s{seed}", runs_dir=runs_dir,
                         base_model=name, seed=seed, env=env)
     quiet = io.StringIO()

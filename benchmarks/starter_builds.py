@@ -5,7 +5,7 @@ gate's ``build_attempts`` set to 1), on torch's default kernels and, in a child
 process, on the AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``: another CPU's float
 rounding, on this machine), and records the gate's probe: teacher-forced copy rate,
 pass rate and tool-call rate per category on the fixed probe set. The spec is the one
-the gate applies (``posttrain.policy.starter_gate.StarterSpec``); the table says how
+the gate applies (``posttrain.policy.starters.gate.StarterSpec``); the table says how
 many builds met it, which is the chance a first build passes on a user's machine.
 
     .venv/bin/python benchmarks/starter_builds.py --name starter --seeds 0-5
@@ -41,7 +41,8 @@ def seeds_from(text: str) -> list[int]:
 def build_one(name: str, seed: int, models: str) -> dict:
     """Build ``name`` from ``seed`` once (in this process) and return its build record."""
     os.environ["POSTTRAIN_MODELS"] = models
-    from posttrain.policy.starter import build_starter, recipe_for
+    from posttrain.policy.starters.build import build_starter
+    from posttrain.policy.starters.registry import recipe_for
 
     recipe = replace(recipe_for(name), seed=seed, build_attempts=1)
     folder = build_starter(recipe=recipe, show_progress=False)
@@ -103,7 +104,7 @@ def main() -> int:
     parser.add_argument("--write", action="store_true",
                         help="update this model's part of benchmarks/RESULTS.md")
     args = parser.parse_args()
-    from posttrain.policy.starter import recipe_for
+    from posttrain.policy.starters.registry import recipe_for
 
     spec = recipe_for(args.name).spec
     spec_line = f"copy rate >= {spec.min_copy_rate:.2f}; " + ", ".join(

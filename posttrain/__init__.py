@@ -11,7 +11,7 @@ One rule's helpers are not here: reach them through its environment
 
 from __future__ import annotations
 
-import importlib
+from posttrain.lazy_exports import lazy_face
 
 __version__ = "0.1.0"
 
@@ -43,36 +43,26 @@ _EXPORTS = {
     "rule_rubric": "posttrain.score.rubric",
     "group_mean_advantages": "posttrain.score.rubric",
     # preference pairs
-    "build_preference_pairs": "posttrain.train.pairs",
-    "export_preference": "posttrain.train.pairs",
-    "load_pairs": "posttrain.train.pairs",
+    "build_preference_pairs": "posttrain.train.training_data.pairs",
+    "export_preference": "posttrain.train.training_data.pairs",
+    "load_pairs": "posttrain.train.training_data.pairs",
     # models
     "load_policy": "posttrain.policy.loading",
     # runs
     "open_run": "posttrain.runs.store",
     "NullRun": "posttrain.runs.store",
     # the recipes (the train extra)
-    "GRPOSettings": "posttrain.train.grpo",
-    "DPOSettings": "posttrain.train.dpo",
-    "SFTSettings": "posttrain.train.sft",
-    "run_grpo": "posttrain.train.grpo_trainer",
-    "run_dpo": "posttrain.train.dpo_trainer",
-    "run_sft": "posttrain.train.sft_trainer",
+    "GRPOSettings": "posttrain.train.grpo.settings",
+    "DPOSettings": "posttrain.train.dpo.settings",
+    "SFTSettings": "posttrain.train.sft.settings",
+    "run_grpo": "posttrain.train.grpo.trainer",
+    "run_dpo": "posttrain.train.dpo.trainer",
+    "run_sft": "posttrain.train.sft.trainer",
     "TrainerCallback": "posttrain.train.callbacks",
-    "HackMonitor": "posttrain.train.monitor",
+    "HackMonitor": "posttrain.train.grpo.monitor",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'posttrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

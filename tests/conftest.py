@@ -35,7 +35,7 @@ def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def starter_2m_folder(models_folder: Path) -> Path:
     """The starter-2m build (about 40 s the first time in a session)."""
-    from posttrain.policy.starter import build_starter
+    from posttrain.policy.starters.build import build_starter
 
     return build_starter("starter-2m", show_progress=False)
 
@@ -47,7 +47,7 @@ LIBRARY_FLAG = str(Path(__file__).resolve().parents[1] / "examples" / "library_e
 def library_starter_folder(models_folder: Path) -> Path:
     """The library example's own starter, built from its hooks (about a minute the first
     time in a session): what tests that need a learning signal on that rule train."""
-    from posttrain.policy.starter import build_starter
+    from posttrain.policy.starters.build import build_starter
 
     return build_starter("starter", env=LIBRARY_FLAG, show_progress=False)
 

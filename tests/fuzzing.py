@@ -174,7 +174,7 @@ VALID_PAIR = {
 
 def check_pairs_file(drawn: tuple[bytes, bool], context: dict[str, Any]) -> bool:
     from posttrain.errors import InputFileError
-    from posttrain.train.pairs import load_pairs
+    from posttrain.train.training_data.pairs import load_pairs
 
     data, skip_invalid = drawn
     path = context["folder"] / "pairs.jsonl"
@@ -406,9 +406,9 @@ NUMBER_TEXT = st.one_of(
 
 
 def _recipe_checks() -> dict[str, tuple[type, Callable[[Any], None]]]:
-    from posttrain.train.dpo import DPOSettings, check_dpo_settings
-    from posttrain.train.grpo import GRPOSettings, check_grpo_settings
-    from posttrain.train.sft import SFTSettings, check_sft_settings
+    from posttrain.train.dpo.settings import DPOSettings, check_dpo_settings
+    from posttrain.train.grpo.settings import GRPOSettings, check_grpo_settings
+    from posttrain.train.sft.settings import SFTSettings, check_sft_settings
 
     return {"grpo": (GRPOSettings, check_grpo_settings),
             "dpo": (DPOSettings, check_dpo_settings),

@@ -15,10 +15,10 @@ def rollout_batch(policy: Any, completion_length: int, generations: int,
                   precision: Any = None) -> tuple[Any, dict, dict]:
     """(trainer, TRL's scored batch, what the rollout function handed TRL) for 4 refund
     prompts x ``generations``; ``precision`` a ``PrecisionChoice`` (default the runtime's)."""
-    from posttrain.train.grpo import GRPOSettings
-    from posttrain.train.grpo_trainer import build_grpo_trainer, grpo_dataset
+    from posttrain.train.grpo.rollout import RolloutChoice
+    from posttrain.train.grpo.settings import GRPOSettings
+    from posttrain.train.grpo.trainer import build_grpo_trainer, grpo_dataset
     from posttrain.train.rewards import RuleReward
-    from posttrain.train.rollout import RolloutChoice
 
     records = ENV.write_prompts(40, seed=3)[:4]
     # temperature 1: TRL's trainer scores tokens at the sampling temperature, the sampler's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.train.alarms import (
+from posttrain.train.grpo.alarms import (
     AlarmRules,
     FeatureChange,
     Progress,

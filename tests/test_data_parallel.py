@@ -86,9 +86,9 @@ def test_dpo_on_two_processes_trains_and_reports_like_one(starter_2m_folder, tmp
     from posttrain.data.prepare import DataConfig, prepare_data
     from posttrain.envs import get_env
     from posttrain.policy.loading import load_policy
-    from posttrain.train.dpo import DPOSettings
-    from posttrain.train.dpo_trainer import policy_agent, sample_pairs
-    from posttrain.train.pairs import load_pairs
+    from posttrain.train.dpo.settings import DPOSettings
+    from posttrain.train.dpo.trainer import policy_agent, sample_pairs
+    from posttrain.train.training_data.pairs import load_pairs
 
     env = get_env("refund")
     settings = DPOSettings(base_model="starter-2m", prompts=60, pair_samples=4, batch_size=4)

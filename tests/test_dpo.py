@@ -17,9 +17,9 @@ from posttrain.data.prepare import DataConfig, prepare_data
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.envs.refund.agent import Behaviour, seeded_agent
 from posttrain.errors import InputFileError, PosttrainError
-from posttrain.train.dpo import DPOSettings, check_dpo_settings, dpo_config_kwargs
-from posttrain.train.dpo_trainer import run_dpo
-from posttrain.train.pairs import build_preference_pairs, export_preference
+from posttrain.train.dpo.settings import DPOSettings, check_dpo_settings, dpo_config_kwargs
+from posttrain.train.dpo.trainer import run_dpo
+from posttrain.train.training_data.pairs import build_preference_pairs, export_preference
 
 WITH_ID = "Please refund order ORD-4017, it arrived broken."
 LOOKUP = (
@@ -200,7 +200,7 @@ def test_a_missing_from_run_is_named_before_anything_is_written(tmp_path):
 
 
 def test_no_prompt_with_contrast_says_to_raise_pair_samples():
-    from posttrain.train.dpo_trainer import sample_pairs
+    from posttrain.train.dpo.trainer import sample_pairs
 
     settings = DPOSettings(prompts=20, pair_samples=2)
     context = SimpleNamespace(

@@ -406,7 +406,7 @@ def test_sft_learns_from_the_ground_truth_and_dpo_says_why_it_cannot(tmp_path, c
 
 
 def test_a_starter_from_a_fixed_dataset_says_it_learns_the_holdout():
-    from posttrain.policy.hook_starter_data import HookStarterData
+    from posttrain.policy.starters.hook_data import HookStarterData
 
     data = HookStarterData(get_env("verifiers:vf-arith?count=20"))
     note = data.overlap_note(300, 0)

@@ -12,8 +12,8 @@ import pytest
 from posttrain.cli import main
 from posttrain.envs import get_env
 from posttrain.errors import PosttrainError
-from posttrain.policy.hook_starter_data import HookStarterData, RightShare, copied_spans
-from posttrain.policy.starter import recipe_for, starter_folder
+from posttrain.policy.starters.hook_data import HookStarterData, RightShare, copied_spans
+from posttrain.policy.starters.registry import recipe_for, starter_folder
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LIBRARY = f"{EXAMPLES / 'library_env.py'}:ENV"
@@ -149,7 +149,7 @@ def test_a_mix_outside_the_gate_is_steered_toward_it():
 
 
 def test_a_copied_span_is_the_same_tokens_in_the_prompt_and_in_the_call():
-    from posttrain.policy.starter_build import train_tokenizer
+    from posttrain.policy.starters.scratch import train_tokenizer
 
     data = HookStarterData(get_env(PARCEL))
     rows = data.dialogues(RightShare(), 400, 3)

@@ -12,7 +12,8 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
-from posttrain.train.rollout import choose_rollout, rollout_seed
+from posttrain.train.grpo.rollout import choose_rollout, rollout_seed
+from tests.adam_step import assert_same_first_step
 from tests.grpo_rollouts import logprob_gaps, rollout_batch, trainer_logprobs
 
 # sampler vs trainer logprobs of the same tokens: the two batch the rows differently (the
@@ -104,7 +105,7 @@ def test_a_grpo_run_with_posttrain_rollouts_and_shared_prefix_says_so_and_trains
     assert summary["status"] == "done"
     assert summary["rollout"] == {"sampler": "posttrain",
                                   "reason": "asked for (--rollout posttrain)"}
-    # the update ran the prompts' shared head once per pass (posttrain.train.shared_prefix)
+    # the update ran the prompts' shared head once per pass (posttrain.train.grpo.shared_prefix)
     assert summary["shared_prefix"] == {"on": True, "reason": "asked for (--shared-prefix on)"}
     steps = [json.loads(line)["metrics"] for line in (runs / "rolled" / "metrics.jsonl").open()]
     trained = [m for m in steps if "step_time" in m]
@@ -143,12 +144,12 @@ def test_micro_batches_take_the_same_step_as_one_pass(starter_2m_folder, tmp_pat
         adapters[micro] = load_file(str(runs / name / "adapter" / "adapter_model.safetensors"))
     assert len(losses["16"]) == len(losses["4"]) == 1
     assert losses["4"][0] == pytest.approx(losses["16"][0], rel=1e-4, abs=1e-7)
-    for key, tensor in adapters["16"].items():
-        assert (adapters["4"][key] - tensor).abs().max() < 1e-5, key
+    # up to what one AdamW step on float32-rounded gradients can differ by (any CPU)
+    assert_same_first_step(adapters["16"], adapters["4"])
 
 
 def test_micro_batches_in_the_trl_config():
-    from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
+    from posttrain.train.grpo.settings import GRPOSettings, grpo_config_kwargs
 
     settings = GRPOSettings(num_generations=4, batch_size=16)
     assert settings.micro_batch_for(large_model=False) == 16

@@ -8,7 +8,7 @@ import pytest
 from posttrain.cli import build_parser
 from posttrain.commands.dataclass_args import settings_from_args
 from posttrain.errors import PosttrainError
-from posttrain.train.grpo import GRPOSettings, check_grpo_settings, grpo_config_kwargs
+from posttrain.train.grpo.settings import GRPOSettings, check_grpo_settings, grpo_config_kwargs
 from posttrain.train.settings import default_learning_rate
 
 
@@ -223,7 +223,7 @@ def test_shared_settings_no_recipe_can_run_with_are_refused(argv, message):
 
 
 def test_each_recipe_resolves_its_own_default_rate_in_one_place():
-    from posttrain.train.dpo import DPOSettings
+    from posttrain.train.dpo.settings import DPOSettings
 
     # the rate config.json, the console and the trainer all use (one resolution)
     assert parse().resolved_learning_rate(9_000_000) == (3e-4, "default for model size")
@@ -297,10 +297,10 @@ def test_every_numeric_flag_refuses_nan_infinity_and_negatives_before_the_model_
     import typing
 
     from posttrain.errors import PosttrainError
-    from posttrain.train.dpo import DPOSettings, check_dpo_settings
-    from posttrain.train.grpo import GRPOSettings, check_grpo_settings
+    from posttrain.train.dpo.settings import DPOSettings, check_dpo_settings
+    from posttrain.train.grpo.settings import GRPOSettings, check_grpo_settings
     from posttrain.train.settings import check_recipe_settings
-    from posttrain.train.sft import SFTSettings, check_sft_settings
+    from posttrain.train.sft.settings import SFTSettings, check_sft_settings
 
     for settings_class, check in ((GRPOSettings, check_grpo_settings),
                                   (DPOSettings, check_dpo_settings),
@@ -327,7 +327,7 @@ def test_every_numeric_flag_refuses_nan_infinity_and_negatives_before_the_model_
 def test_use_vllm_is_refused_here_with_what_is_missing_before_anything_is_written(tmp_path,
                                                                                  capsys):
     from posttrain.cli import main
-    from posttrain.train.grpo import vllm_problem
+    from posttrain.train.grpo.settings import vllm_problem
 
     if vllm_problem() is None:
         pytest.skip("vLLM and a CUDA GPU are here: nothing to refuse")
@@ -344,7 +344,7 @@ def test_use_vllm_is_refused_here_with_what_is_missing_before_anything_is_writte
 def test_use_vllm_passes_through_to_trls_config():
     import dataclasses
 
-    from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
+    from posttrain.train.grpo.settings import GRPOSettings, grpo_config_kwargs
 
     settings = dataclasses.replace(GRPOSettings(), use_vllm=True, vllm_mode="server",
                                    vllm_server_url="http://gpu-box:8000")
@@ -355,8 +355,8 @@ def test_use_vllm_passes_through_to_trls_config():
 
 
 def test_a_default_run_name_names_the_environment_it_trains_on():
-    from posttrain.train.dpo import DPOSettings
-    from posttrain.train.sft import SFTSettings
+    from posttrain.train.dpo.settings import DPOSettings
+    from posttrain.train.sft.settings import SFTSettings
 
     for settings_class, recipe in ((GRPOSettings, "grpo"), (DPOSettings, "dpo"),
                                    (SFTSettings, "sft")):

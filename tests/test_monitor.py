@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from posttrain.envs import get_env
 from posttrain.policy.sampler import SamplingParams
 from posttrain.runs.store import NullRun
-from posttrain.train.monitor import (
+from posttrain.train.grpo.monitor import (
     HackMonitor,
     HoldoutCheck,
     MonitorSettings,

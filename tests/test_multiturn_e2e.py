@@ -52,8 +52,8 @@ def test_tool_results_are_masked_out_of_the_loss(starter_2m):
     from copy import deepcopy
 
     from posttrain.policy.models import Policy
-    from posttrain.train.grpo import GRPOSettings
-    from posttrain.train.grpo_trainer import build_grpo_trainer, grpo_dataset
+    from posttrain.train.grpo.settings import GRPOSettings
+    from posttrain.train.grpo.trainer import build_grpo_trainer, grpo_dataset
     from posttrain.train.rewards import RuleReward
 
     policy = Policy(model=deepcopy(starter_2m.model), tokenizer=deepcopy(starter_2m.tokenizer),
@@ -85,7 +85,8 @@ def test_tool_results_are_masked_out_of_the_loss(starter_2m):
 @pytest.mark.slow
 def test_an_episode_starter_builds_and_plays(starter_2m_folder, models_folder):
     from posttrain.policy.loading import load_policy
-    from posttrain.policy.starter import build_starter, recipe_for
+    from posttrain.policy.starters.build import build_starter
+    from posttrain.policy.starters.registry import recipe_for
     from posttrain.policy.tool_turns import renders_tool_turns
     from posttrain.score.rows import grade
 

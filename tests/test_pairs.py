@@ -10,7 +10,7 @@ from posttrain.envs.refund import REFUND_ENV, normalize_order_id, parse_tool_cal
 from posttrain.envs.refund.agent import Behaviour, seeded_agent
 from posttrain.envs.refund.negatives import invented_call
 from posttrain.errors import InputFileError
-from posttrain.train.pairs import (
+from posttrain.train.training_data.pairs import (
     PairReport,
     build_preference_pairs,
     constructed_negatives,

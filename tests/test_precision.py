@@ -39,9 +39,9 @@ def test_auto_picks_bf16_only_where_it_pays():
 
 
 def test_the_trl_configs_take_the_choice():
-    from posttrain.train.dpo import DPOSettings, dpo_config_kwargs
-    from posttrain.train.grpo import GRPOSettings, grpo_config_kwargs
-    from posttrain.train.sft import SFTSettings, sft_config_kwargs
+    from posttrain.train.dpo.settings import DPOSettings, dpo_config_kwargs
+    from posttrain.train.grpo.settings import GRPOSettings, grpo_config_kwargs
+    from posttrain.train.sft.settings import SFTSettings, sft_config_kwargs
 
     for bf16 in (True, False):
         assert sft_config_kwargs(SFTSettings(), 1e-4, "/tmp/o", "cpu", bf16=bf16)["bf16"] is bf16

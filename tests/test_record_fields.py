@@ -85,7 +85,7 @@ def test_grading_and_the_training_reward_read_the_column(tmp_path):
 
 def test_the_grpo_dataset_carries_the_case_for_the_reward(tmp_path):
     pytest.importorskip("datasets")
-    from posttrain.train.grpo_trainer import grpo_dataset
+    from posttrain.train.grpo.trainer import grpo_dataset
 
     records = load_prompts(write(tmp_path / "p.jsonl", {"prompt": "2 + 2?", "answer": 4}),
                            env=SUMS)

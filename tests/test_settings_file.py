@@ -12,8 +12,8 @@ import pytest
 from posttrain.cli import build_parser, main
 from posttrain.commands.recipe_command import settings_for
 from posttrain.errors import PosttrainError
-from posttrain.train.dpo import DPOSettings
-from posttrain.train.grpo import GRPOSettings
+from posttrain.train.dpo.settings import DPOSettings
+from posttrain.train.grpo.settings import GRPOSettings
 
 
 def settings(command, settings_class, *argv):

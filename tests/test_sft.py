@@ -11,7 +11,8 @@ from posttrain.cli import main
 from posttrain.data.prepare import DataConfig, prepare_data
 from posttrain.envs import get_env
 from posttrain.errors import InputFileError, PosttrainError
-from posttrain.train.demos import drop_holdout_leaks, load_demos, reference_demos
+from posttrain.train.training_data.demos import drop_holdout_leaks, load_demos, reference_demos
+from tests.adam_step import assert_same_first_step
 
 FAST = ["--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "1",
         "--eval-repeats", "2"]
@@ -116,7 +117,7 @@ def test_settings_are_checked_before_anything_is_written(tmp_path, capsys):
 
 
 def test_micro_batches_in_the_sft_config():
-    from posttrain.train.sft import SFTSettings, sft_config_kwargs
+    from posttrain.train.sft.settings import SFTSettings, sft_config_kwargs
 
     settings = SFTSettings(batch_size=8)
     assert settings.micro_batch_for(large_model=False) == 8
@@ -154,10 +155,9 @@ def test_sft_micro_batches_take_the_same_step_as_one_pass(starter_2m_folder, tmp
         adapters[micro] = load_file(str(runs / name / "adapter" / "adapter_model.safetensors"))
     assert len(losses["8"]) == len(losses["2"]) == 1
     assert losses["2"][0] == pytest.approx(losses["8"][0], rel=1e-4, abs=1e-7)
-    for key, tensor in adapters["8"].items():
-        assert (adapters["2"][key] - tensor).abs().max() < 1e-5, key
-    # LoRA's B starts at zero: the step did train
-    assert max(float(t.abs().max()) for k, t in adapters["8"].items() if "lora_B" in k) > 0
+    # up to what one AdamW step on float32-rounded gradients can differ by (any CPU; a
+    # flat 1e-5 failed on an Intel Xeon with AMX), and the step did train (B moved)
+    assert_same_first_step(adapters["8"], adapters["2"])
 
 
 @pytest.fixture(scope="module")

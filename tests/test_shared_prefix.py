@@ -1,5 +1,5 @@
 """The shared prompt prefix run once per pass in GRPO's training forward
-(posttrain.train.shared_prefix): where the prefix splits, what ``auto`` picks, and, on a real
+(posttrain.train.grpo.shared_prefix): where the prefix splits, what ``auto`` picks, and, on a real
 TRL GRPOTrainer's batch, the same logprobs, entropies, loss and LoRA gradient as TRL's own
 forward, on the starter (float32) and on SmolLM2 (bf16 autocast, as the recipe runs it)."""
 
@@ -10,7 +10,7 @@ from copy import deepcopy
 import pytest
 
 from posttrain.errors import PosttrainError
-from posttrain.train.shared_prefix import (
+from posttrain.train.grpo.shared_prefix import (
     MIN_SHARED_PREFIX,
     choose_shared_prefix,
     common_prefix,

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from posttrain.train.signal_watch import SignalWatch
+from posttrain.train.grpo.signal_watch import SignalWatch
 
 
 class Recorder:

@@ -17,11 +17,13 @@ from posttrain.envs.refund.starter_data import (
     with_fresh_id,
 )
 from posttrain.errors import PosttrainError
-from posttrain.policy.copy_circuit import id_copy_rate
-from posttrain.policy.starter import build_starter, recipe_for, starter_folder
-from posttrain.policy.starter_build import RECIPES, Architecture, weights_sha256
-from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec
 from posttrain.policy.starter_names import is_starter_name
+from posttrain.policy.starters.build import build_starter
+from posttrain.policy.starters.copy_circuit import id_copy_rate
+from posttrain.policy.starters.gate import CategoryRange, StarterProbe, StarterSpec
+from posttrain.policy.starters.recipes import RECIPES, Architecture
+from posttrain.policy.starters.registry import recipe_for, starter_folder
+from posttrain.policy.starters.scratch import weights_sha256
 
 # a recipe small enough to build twice in a few seconds
 TINY = replace(
@@ -150,7 +152,7 @@ def test_build_records_its_recipe_and_is_reused(starter_2m_folder):
 
 def test_the_wired_copy_circuit_copies_order_ids_before_any_training(starter_2m):
     from posttrain.envs.refund.prompts import simulate
-    from posttrain.policy.starter_build import new_model
+    from posttrain.policy.starters.scratch import new_model
 
     prompts = [r["prompt"] for r in simulate(60, seed=0) if r["category"] == "with_id"][:20]
     recipe = RECIPES["starter-2m"]

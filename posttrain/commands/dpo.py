@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from posttrain.commands.recipe_command import register_recipe_command
-from posttrain.train.dpo import DPOSettings
+from posttrain.train.dpo.settings import DPOSettings
 
 DESCRIPTION = """\
 DPO on one testable rule, end to end: write the prompts (or read --prompts-file),
@@ -26,7 +26,7 @@ def run_dpo(settings: DPOSettings) -> dict[str, Any]:
     """Run the recipe; returns its summary."""
     # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
     # so `posttrain --help` and the other commands work without it
-    from posttrain.train.dpo_trainer import run_dpo as run_recipe
+    from posttrain.train.dpo.trainer import run_dpo as run_recipe
 
     return run_recipe(settings)
 

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from posttrain.commands.recipe_command import register_recipe_command
-from posttrain.train.grpo import GRPOSettings
+from posttrain.train.grpo.settings import GRPOSettings
 
 DESCRIPTION = """\
 GRPO on one testable rule, end to end: write the prompts (or read --prompts-file),
@@ -23,7 +23,7 @@ def run_grpo(settings: GRPOSettings) -> dict[str, Any]:
     """Run the recipe; returns its summary."""
     # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
     # so `posttrain --help` and the other commands work without it
-    from posttrain.train.grpo_trainer import run_grpo as run_recipe
+    from posttrain.train.grpo.trainer import run_grpo as run_recipe
 
     return run_recipe(settings)
 

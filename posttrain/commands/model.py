@@ -12,10 +12,11 @@ from typing import Any
 from posttrain.commands.env_flag import add_env_arg
 from posttrain.errors import PosttrainError
 from posttrain.policy import models
-from posttrain.policy.starter import build_starter, recipe_for, starter_folder
-from posttrain.policy.starter_build import STARTER_CODE_VERSION
-from posttrain.policy.starter_gate import StarterProbe
 from posttrain.policy.starter_names import is_starter_name
+from posttrain.policy.starters.build import build_starter
+from posttrain.policy.starters.gate import StarterProbe
+from posttrain.policy.starters.recipes import STARTER_CODE_VERSION
+from posttrain.policy.starters.registry import recipe_for, starter_folder
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -27,7 +27,7 @@ from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import require_single_turn
 from posttrain.errors import PosttrainError
 from posttrain.progress import progress_bar
-from posttrain.train.pairs import (
+from posttrain.train.training_data.pairs import (
     DEFAULT_CONSTRUCTED_SHARE,
     DEFAULT_MAX_PAIRS_PER_PROMPT,
     DEFAULT_MIN_MARGIN,

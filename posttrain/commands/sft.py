@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from posttrain.commands.recipe_command import register_recipe_command
-from posttrain.train.sft import SFTSettings
+from posttrain.train.sft.settings import SFTSettings
 
 DESCRIPTION = """\
 Supervised fine-tuning (SFT) on demonstrations, end to end: write the prompts (or read
@@ -30,7 +30,7 @@ def run_sft(settings: SFTSettings) -> dict[str, Any]:
     """Run the recipe; returns its summary."""
     # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
     # so `posttrain --help` and the other commands work without it
-    from posttrain.train.sft_trainer import run_sft as run_recipe
+    from posttrain.train.sft.trainer import run_sft as run_recipe
 
     return run_recipe(settings)
 

@@ -123,7 +123,7 @@ class BehaviourHelp(Protocol):
 @runtime_checkable
 class ReferenceAgentSource(Protocol):
     """The rule's right move on every prompt: ``posttrain sft --demos reference``, and the
-    right moves of the environment's own starter (``posttrain.policy.hook_starter_data``)."""
+    right moves of the environment's own starter (``posttrain.policy.starters.hook_data``)."""
 
     def reference_agent(self, seed: int = 0) -> Agent:
         """An agent that makes the right move (demonstrations on the train prompts)."""
@@ -164,7 +164,7 @@ class ReadsRecordFields(Protocol):
 class StarterDataSource(Protocol):
     """Hand-written build data for the from-scratch starter (docs/policies.md); an
     environment without it gets its starter's data from its other hooks
-    (``posttrain.policy.hook_starter_data``)."""
+    (``posttrain.policy.starters.hook_data``)."""
 
     def starter_data(self) -> Any:
         """System prompt, warm-start dialogues, id spellings, copy probe, default mix and
@@ -216,7 +216,7 @@ class MultiTurnEnv(Env, Protocol):
 @runtime_checkable
 class EpisodeStarterSource(DefaultBaseModel, Protocol):
     """A multi-turn environment's own starter: a base starter continued on its episodes
-    (``posttrain.policy.starter_episodes``)."""
+    (``posttrain.policy.starters.episodes``)."""
 
     def starter_episode_spec(self) -> dict[str, Any]:
         """The build's fields: ``base`` (the starter it continues) and ``pass_rates``

@@ -1,8 +1,10 @@
-"""A ``--base-model`` name to a loaded policy, building a starter on first use.
+"""A ``--base-model`` name to a loaded policy; a starter not yet built is built first.
 
-The one place that joins the starter registry (``posttrain.policy.starter``) to the model
-loading of ``posttrain.policy.models``: below this module nothing builds a model, so the
-starter build itself can use the loaders, the sampler and the grading without a cycle.
+The one place that joins the starters (``posttrain.policy.starters``) to the model loading
+of ``posttrain.policy.models``: below this module nothing builds a model, so the starter
+build itself can use the loaders, the sampler and the grading without a cycle. A starter
+name is looked up in the registry's cache; only when its build is missing does loading
+call the build step, by name, and the build says so on the console.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from posttrain.policy.models import (
     resolve_model_source,
 )
 from posttrain.policy.sampler import SamplingParams
-from posttrain.policy.starter import build_starter
 from posttrain.policy.starter_names import is_starter_name
+from posttrain.policy.starters.build import build_starter
+from posttrain.policy.starters.registry import cached_starter
 
 
 def resolve_base_model(
@@ -34,12 +37,14 @@ def resolve_base_model(
     prompts_file: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(what from_pretrained reads, extra kwargs)`` for a ``--base-model`` value: a
-    starter's built folder (built now if it is not cached; ``starter`` with ``env`` is that
-    environment's own, ``posttrain.policy.starter.recipe_for``), else what
-    ``posttrain.policy.models.resolve_model_source`` finds."""
+    starter's built folder (``starter`` with ``env`` is that environment's own,
+    ``posttrain.policy.starters.registry.recipe_for``), built now when the cache has none;
+    else what ``posttrain.policy.models.resolve_model_source`` finds."""
     if is_starter_name(base_model):
-        folder = build_starter(base_model, show_progress=show_progress, env=env,
-                               prompts_file=prompts_file)
+        folder = cached_starter(base_model, env=env, prompts_file=prompts_file)
+        if folder is None:  # first use on this machine: the build step (minutes)
+            folder = build_starter(base_model, show_progress=show_progress, env=env,
+                                   prompts_file=prompts_file)
         return str(folder), {}
     return resolve_model_source(base_model)
 

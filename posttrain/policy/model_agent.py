@@ -34,7 +34,7 @@ def default_max_new_tokens(policy: Policy) -> int:
 def is_large_model(policy: Policy) -> bool:
     """50M parameters or more: a model of real size, not an embedded starter (the size at
     which sampling takes smaller micro-batches, and the recipes' real-weights defaults
-    apply: posttrain.train.precision, posttrain.train.rollout)."""
+    apply: posttrain.train.precision, posttrain.train.grpo.rollout)."""
     return parameter_count(policy.model) >= LARGE_MODEL_PARAMETERS
 
 

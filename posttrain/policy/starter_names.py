@@ -1,8 +1,8 @@
 """Which ``--base-model`` names are posttrain's starters, without building anything.
 
 The loaders, the sampler defaults and the vLLM check only need to know whether a name
-is a starter; the build (``starter_build``, ``starter_episodes``) and its registry
-(``starter``) sit above them and use these names too.
+is a starter; the build (``starters.scratch``, ``starters.episodes``) and its registry
+(``starters.registry``) sit above them and use these names too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from posttrain.envs import BUILTIN_ENVS, get_env
 from posttrain.envs.base import EpisodeStarterSource, has_hook
 
-#: the starters built from scratch (one recipe each in ``starter_build.RECIPES``)
+#: the starters built from scratch (one recipe each in ``starters.recipes.RECIPES``)
 BASE_STARTER_NAMES = ("starter", "starter-2m")
 _SEEDED_NAME = re.compile(r"^(?P<base>[a-z0-9-]+)@(?P<seed>[0-9]{1,6})$")
 

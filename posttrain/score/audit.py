@@ -14,8 +14,8 @@ no-id prompts, where the design pays for asking, a reward that pays for not aski
 A feature the reward pays for less of (an invented id, where the rule penalises it)
 cannot be exploited and is no finding. A finding is not an alarm. It says where a
 policy *could* be paid for the wrong thing;
-the hack monitor (``posttrain.train.monitor``) raises an alarm only when a training run
-actually exploits something (``posttrain.train.alarms``).
+the hack monitor (``posttrain.train.grpo.monitor``) raises an alarm only when a training run
+actually exploits something (``posttrain.train.grpo.alarms``).
 
 The scan sees only what the base policy already does. ``audit_reward`` adds the reward
 probes (``posttrain.score.probes``): edits a rule should not pay for (padding, a stray

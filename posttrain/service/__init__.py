@@ -10,52 +10,32 @@ Three wings over a shared schema (docs/service.md, "Where things live"):
   ``run_rl_loop``), standard library only;
 - ``schema``: the request types both sides share (``AdamParams``).
 
-Importing this package loads no model and no torch.
+Every name is imported when first asked for, from the module that defines it: importing
+this package (or the client under it) loads no server module, no model and no torch.
 """
 
 from __future__ import annotations
 
-from posttrain.service import server
-from posttrain.service.client import (
-    AdamParams,
-    Operation,
-    OperationCancelled,
-    OperationFailed,
-    Run,
-    ServiceClient,
-    ServiceRequestError,
-    ServiceUnavailable,
-    Session,
-)
-from posttrain.service.client.rl import (
-    Algorithm,
-    AlgorithmNotExpressible,
-    LoopContext,
-    LoopReport,
-    LoopSettings,
-    NoGradientSignal,
-    all_zero,
-    forward_backward_payload,
-    group_mean_advantages,
-    leave_one_out_advantages,
-    rl_datum,
-    run_rl_loop,
-)
-from posttrain.service.engine import Engine
+from posttrain.lazy_exports import lazy_face
 
-__all__ = [
-    "AdamParams", "Algorithm", "AlgorithmNotExpressible", "Engine", "LoopContext", "LoopReport",
-    "LoopSettings", "NoGradientSignal", "Operation", "OperationCancelled", "OperationFailed",
-    "Run", "ServiceClient", "ServiceRequestError", "ServiceUnavailable", "Session", "all_zero",
-    "forward_backward_payload", "group_mean_advantages", "leave_one_out_advantages", "rl_datum",
-    "run_rl_loop", "serve", "start_server",
-]
+# public name -> module that defines it (tests/test_layers.py checks every one resolves)
+_EXPORTS = {
+    **dict.fromkeys(
+        ("Operation", "OperationCancelled", "OperationFailed", "Run", "ServiceClient",
+         "ServiceRequestError", "ServiceUnavailable", "Session"),
+        "posttrain.service.client.service_client"),
+    "AdamParams": "posttrain.service.schema",
+    **dict.fromkeys(
+        ("Algorithm", "AlgorithmNotExpressible", "LoopContext", "LoopReport", "LoopSettings",
+         "NoGradientSignal", "all_zero", "forward_backward_payload", "group_mean_advantages",
+         "leave_one_out_advantages", "rl_datum", "run_rl_loop"),
+        "posttrain.service.client.rl"),
+    "Engine": "posttrain.service.engine.engine",
+    "serve": "posttrain.service.server",
+    "start_server": "posttrain.service.server",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    # the server side pulls in the engine modules; load them only when asked for
-    if name == "Engine":
-        return Engine
-    if name in ("serve", "start_server"):
-        return getattr(server, name)
-    raise AttributeError(f"module 'posttrain.service' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

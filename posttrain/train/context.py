@@ -1,7 +1,7 @@
-"""What the shared recipe flow hands a training step, and what the step hands back.
+"""What the recipe's phases hand a training step, and what the step hands back.
 
-Its own module so that the flow (``recipe.py``), the evaluations (``measure.py``) and the
-trainers (``grpo_trainer.py``, ``dpo_trainer.py``, ``sft_trainer.py``) can all name these
+Its own module so that the phases (``recipe.py``), the evaluations (``measure.py``) and the
+trainers (``grpo/trainer.py``, ``dpo/trainer.py``, ``sft/trainer.py``) can all name these
 types without importing each other.
 """
 
@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from posttrain.data.prepare import PreparedData
 from posttrain.envs.base import Env
 from posttrain.policy.models import Policy
-from posttrain.runs.folder import RunFolder
+from posttrain.runs.folder import NewRun, RunFolder
+from posttrain.score.audit import RewardAudit
 from posttrain.train.distributed import Ranks
 from posttrain.train.rewards import RuleReward
 from posttrain.train.settings import RecipeSettings
+
+#: a recipe's own settings class (GRPOSettings, DPOSettings, SFTSettings)
+SettingsT = TypeVar("SettingsT", bound=RecipeSettings)
 
 
 @dataclass
@@ -33,11 +37,12 @@ class TrainOutcome:
 
 
 @dataclass
-class RecipeContext:
-    """Everything the training step may need; built by ``run_recipe``."""
+class RecipeContext(Generic[SettingsT]):
+    """Everything the training step may need; built by ``posttrain.train.recipe.load``
+    (``RecipeContext[GRPOSettings]`` for a GRPO run: its step reads its own settings)."""
 
     recipe: str
-    settings: RecipeSettings
+    settings: SettingsT
     env: Env
     data: PreparedData
     folder: RunFolder
@@ -48,3 +53,10 @@ class RecipeContext:
     before_rows: list[dict[str, Any]] = field(default_factory=list)  # every base evaluation
     say: Callable[[str], None] = print
     ranks: Ranks = field(default_factory=Ranks)  # this process's place in a launch
+    # seconds per phase, in the order the report prints them (data_s, load_s, ...), and
+    # when the run started (time.monotonic())
+    timings: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+    audit: RewardAudit | None = None  # the training reward's audit (the baseline phase's)
+    # the main process's hold on the run's name and folder, let go when the run finishes
+    claim: NewRun | None = None

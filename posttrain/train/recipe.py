@@ -1,17 +1,33 @@
-"""The flow every training recipe shares, top to bottom:
+"""A training recipe as five named phases, each one call a recipe makes in order.
 
-1. check the settings, build the prompts and the holdout (same seed, same split);
-2. refuse an existing run name, load the base policy (merging ``--from-run``'s adapter);
-3. create the run folder and the run in the store, write ``config.json``;
-4. evaluate the base policy on the holdout, ``eval_repeats`` times (the noise band),
-   and audit the training reward on those rows (``posttrain.score.audit``);
-5. train (the recipe's own step: GRPO or DPO), with progress and monitoring;
-6. evaluate the trained policy on the same holdout prompts with the same seeds;
-7. the paired delta, guard check and category table; ``summary.json``,
-   ``report.md``, ``curves.png``; finish the run done / stopped / failed.
+Every recipe's ``run_<name>`` reads the same way (``run_grpo`` in ``train/grpo/trainer.py``)::
 
-Ctrl-C or SIGTERM during training marks the run ``stopped`` and keeps what was measured.
-Nothing is written before every input has been checked.
+    prepared = prepare("grpo", settings, say=say)        # 1. prepare
+    context = load(prepared)                             # 2. load
+    with finishing(context) as measured:                 # 5. finish, however the block ends
+        measured.before = baseline(context)              # 3. baseline
+        with timed(context, "train_s"):
+            measured.outcome = train_grpo(context)       # 4. train: the recipe's own step
+        measured.after = evaluate_trained(context, measured.outcome)
+    return measured.summary
+
+1. **prepare**: check the settings (the shared flags, then the recipe's own:
+   ``settings.check()``), the environment, the prompts and the holdout (same seed, same
+   split), the settings against the data (``settings.check_data``), the run store, and
+   take the run's name. Nothing is written before every input has been checked; under
+   torchrun every process learns when one of them cannot start.
+2. **load**: the base policy (``--from-run``'s adapter merged in), the learning rate for
+   its size, the run folder, ``config.json`` and the run in the store.
+3. **baseline**: the base policy on the holdout, ``eval_repeats`` times (the noise band),
+   and the audit of the training reward on those rows (``posttrain.score.audit``).
+4. **train**: the recipe's own step (``train_grpo``, ``train_dpo``, ``train_sft``), called
+   directly by the recipe, with progress and monitoring.
+5. **finish**: the trained policy on the same holdout prompts with the same seeds
+   (``evaluate_trained``), then, on the way out of ``finishing`` whatever happened, the
+   paired delta, guard and category table, ``summary.json``, ``report.md``, ``curves.png``,
+   and the run marked done, stopped or failed.
+
+Ctrl-C or SIGTERM in phases 3-5 marks the run ``stopped`` and keeps what was measured.
 """
 
 from __future__ import annotations
@@ -20,76 +36,118 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import (
-    DefaultBaseModel,
-    env_name,
-    has_hook,
-)
+from posttrain.envs.base import DefaultBaseModel, Env, env_name, has_hook
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
 from posttrain.policy.loading import load_policy
 from posttrain.policy.models import Policy, load_adapter, merge_adapter, parameter_count
-from posttrain.runs.folder import RunFolder, check_new_run, create_run_folder, find_run, runs_root
+from posttrain.runs.folder import (
+    NewRun,
+    RunFolder,
+    check_new_run,
+    create_run_folder,
+    find_run,
+    runs_root,
+)
 from posttrain.runs.store import NullRun, check_store_opens, check_store_server, open_run
 from posttrain.score.audit import RewardAudit, audit_reward
 from posttrain.train import distributed
-from posttrain.train.context import RecipeContext, TrainOutcome
+from posttrain.train.context import RecipeContext, SettingsT, TrainOutcome
 from posttrain.train.distributed import Ranks
-from posttrain.train.measure import evaluate_policy, finish_summary
+from posttrain.train.measure import PolicyEvaluation, evaluate_policy, finish_summary
 from posttrain.train.rewards import RuleReward, load_reward_function
-from posttrain.train.settings import RecipeSettings, check_recipe_settings
+from posttrain.train.settings import RecipeSettings
 from posttrain.ui.announce import local_dashboard_url
-
-#: a recipe's own settings class (GRPOSettings, DPOSettings, SFTSettings)
-SettingsT = TypeVar("SettingsT", bound=RecipeSettings)
 
 #: the base model of a recipe whose environment names no starter of its own
 DEFAULT_STARTER = "starter"
 
 
-def _versions() -> dict[str, str]:
-    import importlib.metadata as metadata
+@dataclass
+class PreparedRun(Generic[SettingsT]):
+    """What ``prepare`` checked and built before any model loads."""
 
-    versions = {"python": sys.version.split()[0]}
-    for package in ("posttrain", "torch", "transformers", "trl", "peft", "datasets"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions
-
-
-def _load_base(settings: RecipeSettings, root: Any) -> tuple[Policy, str | None]:
-    from_folder = None
-    if settings.from_run:
-        from_folder = find_run(root, settings.from_run)
-        if not from_folder.adapter.is_dir():
-            raise PosttrainError(
-                f"run {settings.from_run!r} has no adapter/ (it did not finish training): "
-                "choose a finished run for --from-run"
-            )
-    merged_base = from_folder.file("merged") if from_folder else None
-    if merged_base is not None and merged_base.is_dir():
-        # a DPO round-two run saved its merged base: stack on top of it
-        policy = load_policy(str(merged_base))
-    else:
-        assert settings.base_model is not None, "run_recipe names the base model first"
-        # ``starter`` is the environment's own when it has no hand-written one
-        policy = load_policy(settings.base_model, env=settings.env,
-                             prompts_file=settings.prompts_file)
-    if from_folder is not None:
-        policy = merge_adapter(load_adapter(policy, from_folder.adapter))
-    return policy, str(from_folder.path) if from_folder else None
+    recipe: str
+    settings: SettingsT
+    env: Env
+    data: PreparedData
+    reward: RuleReward  # the training reward (the environment's rule unless --reward)
+    root: Path  # the runs folder
+    folder: RunFolder  # the run's folder (another process's scratch one under torchrun)
+    new_run: NewRun | None  # the main process's claim on the run's name, else None
+    ranks: Ranks
+    say: Callable[[str], None]
+    started: float  # time.monotonic() when the run started
+    timings: dict[str, float]  # seconds per phase so far (data_s)
 
 
-def _silent(line: str) -> None:
-    """The console of a process that is not the main one."""
+@dataclass
+class Measured:
+    """What phases 3-5 measured; ``finishing`` completes ``summary`` from it."""
+
+    before: PolicyEvaluation | None = None
+    outcome: TrainOutcome = field(default_factory=lambda: TrainOutcome(policy=None))
+    after: PolicyEvaluation | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# -- 1. prepare --------------------------------------------------------------------------
+
+
+def prepare(recipe: str, settings: SettingsT, *,
+            say: Callable[[str], None] = print) -> PreparedRun[SettingsT]:
+    """Phase 1 (see module docstring): every input checked, the data built and the run's
+    name taken, before any model loads. Raises ``PosttrainError`` naming what is wrong."""
+    started = time.monotonic()
+    ranks = distributed.current_ranks()
+    distributed.start(ranks)
+    if not ranks.is_main:
+        say = _silent  # one console: the main process's
+    failure: BaseException | None = None
+    try:
+        settings.check()
+        check_world(settings, ranks)
+        check_store_server()
+        env = get_env(settings.env)
+        settings.name_run_for(env_name(env))
+        root = runs_root(settings.runs_dir)
+        if settings.from_run:
+            # an adapter only fits the model it was trained on: default to that one
+            settings.base_model = from_run_base_model(root, settings.from_run,
+                                                      settings.base_model)
+        if settings.base_model is None:  # the environment's own starter, else the starter
+            settings.base_model = (env.starter_model if has_hook(env, DefaultBaseModel)
+                                   and env.starter_model else DEFAULT_STARTER)
+        custom_reward = settings.training_reward()
+        reward = RuleReward(env, load_reward_function(custom_reward, env)
+                            if custom_reward else None)
+        data = prepare_data(settings.data_config(), env)
+        settings.check_data(data)
+        # only the main process owns the run folder (and takes its name now, so a second
+        # start under that name is refused before either loads a model); the others
+        # write into a scratch one
+        new_run = None
+        if ranks.is_main:
+            # a damaged store or a database that does not answer is said now, not after
+            # the model loads
+            check_store_opens(root, settings.store)
+            new_run = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
+            folder = new_run.folder
+        else:
+            folder = RunFolder(Path(tempfile.mkdtemp(prefix="posttrain-rank-")))
+    except Exception as error:  # every rank learns that one of them cannot start
+        failure = error
+    distributed.agree(ranks, failure)
+    return PreparedRun(recipe, settings, env, data, reward, root, folder, new_run, ranks,
+                       say, started, timings={"data_s": time.monotonic() - started})
 
 
 def check_world(settings: RecipeSettings, ranks: Ranks) -> None:
@@ -103,7 +161,7 @@ def check_world(settings: RecipeSettings, ranks: Ranks) -> None:
         raise PosttrainError(
             f"--batch-size {batch} does not split across {ranks.world} processes: give a "
             f"multiple of {ranks.world} (each process takes an equal share of every step)")
-    if getattr(settings, "stop_on", ""):
+    if settings.stops_on_alarms():
         raise PosttrainError("--stop-on is not available with several processes yet: the "
                              "alarm is raised on the main process only; leave it out")
 
@@ -130,67 +188,18 @@ def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
     return trained_on
 
 
-def run_recipe(
-    recipe: str,
-    settings: SettingsT,
-    *,
-    check: Callable[[SettingsT], None],
-    train: Callable[[RecipeContext], TrainOutcome],
-    say: Callable[[str], None] = print,
-    check_data: Callable[[SettingsT, PreparedData], None] | None = None,
-) -> dict[str, Any]:
-    """Run one recipe end to end (see module docstring); returns the summary dict.
+# -- 2. load -----------------------------------------------------------------------------
 
-    ``check`` refuses impossible settings and ``check_data`` settings that do not fit
-    the prepared prompts, both before the model loads or anything is written."""
-    timings: dict[str, float] = {}
-    started = time.monotonic()
-    ranks = distributed.current_ranks()
-    distributed.start(ranks)
-    if not ranks.is_main:
-        say = _silent  # one console: the main process's
-    failure: BaseException | None = None
-    try:
-        check_recipe_settings(settings)
-        check(settings)
-        check_world(settings, ranks)
-        check_store_server()
-        env = get_env(settings.env)
-        settings.name_run_for(env_name(env))
-        root = runs_root(settings.runs_dir)
-        if settings.from_run:
-            # an adapter only fits the model it was trained on: default to that one
-            settings.base_model = from_run_base_model(root, settings.from_run,
-                                                      settings.base_model)
-        if settings.base_model is None:  # the environment's own starter, else the starter
-            settings.base_model = (env.starter_model if has_hook(env, DefaultBaseModel)
-                                   and env.starter_model else DEFAULT_STARTER)
-        custom_reward = getattr(settings, "reward", None)
-        reward = RuleReward(env, load_reward_function(custom_reward, env)
-                            if custom_reward else None)
-        data = prepare_data(settings.data_config(), env)
-        if check_data is not None:
-            check_data(settings, data)
-        # only the main process owns the run folder (and takes its name now, so a second
-        # start under that name is refused before either loads a model); the others
-        # write into a scratch one
-        new_run = None
-        if ranks.is_main:
-            # a damaged store or a database that does not answer is said now, not after
-            # the model loads
-            check_store_opens(root, settings.store)
-            new_run = check_new_run(root, settings.run_name, overwrite=settings.overwrite)
-            folder = new_run.folder
-        else:
-            folder = RunFolder(Path(tempfile.mkdtemp(prefix="posttrain-rank-")))
-    except Exception as error:  # every rank learns that one of them cannot start
-        failure = error
-    distributed.agree(ranks, failure)
-    timings["data_s"] = time.monotonic() - started
 
+def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
+    """Phase 2: the base policy, the learning rate for its size, the run folder,
+    ``config.json`` and the run in the store; says where the run is and what it trains.
+    A failure before the folder exists frees the run's name again."""
+    settings, new_run, say = prepared.settings, prepared.new_run, prepared.say
+    timings = prepared.timings
     mark = time.monotonic()
     try:
-        policy, from_run_path = _load_base(settings, root)
+        policy, from_run_path = load_base_policy(settings, prepared.root)
         parameters = parameter_count(policy.model)
         learning_rate, learning_rate_source = settings.resolved_learning_rate(parameters)
         if new_run is not None:
@@ -200,8 +209,9 @@ def run_recipe(
             new_run.abandon()
         raise
     timings["load_s"] = time.monotonic() - mark
+    ranks, data = prepared.ranks, prepared.data
     config = {
-        "recipe": recipe,
+        "recipe": prepared.recipe,
         "settings": settings.to_config(),
         "resolved": {
             "learning_rate": learning_rate,
@@ -217,86 +227,165 @@ def run_recipe(
         "data": {"source": data.source, "split": data.split, **data.counts()},
         "versions": _versions(),
     }
+    folder = prepared.folder
     folder.write_json("config.json", config)
     # one record of the run: the main process's (the others log nothing)
-    run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=root,
+    run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=prepared.root,
                     store_url=settings.store)
            if ranks.is_main else NullRun())
-    page = getattr(run, "url", None) or _local_run_page(root, settings.run_name)
+    page = getattr(run, "url", None) or _local_run_page(prepared.root, settings.run_name)
     where = f"  dashboard: {page}" if page else ""
-    say(f"posttrain {recipe}: run {settings.run_name} -> {folder.path}{where}")
-    say(data.describe(tuple(env.categories)))
+    say(f"posttrain {prepared.recipe}: run {settings.run_name} -> {folder.path}{where}")
+    say(data.describe(tuple(prepared.env.categories)))
     say(
         f"base model: {settings.base_model}"
         + (f" + {settings.from_run} (merged)" if settings.from_run else "")
         + f" ({parameters / 1e6:.1f}M parameters, {policy.device} {policy.dtype}); "
         f"learning rate {learning_rate:g} ({learning_rate_source})"
     )
-
     context = RecipeContext(
-        recipe, settings, env, data, folder, policy, learning_rate, run, reward, say=say,
-        ranks=ranks,
+        prepared.recipe, settings, prepared.env, data, folder, policy, learning_rate, run,
+        prepared.reward, say=say, ranks=ranks, timings=timings, started=prepared.started,
+        claim=new_run,
     )
-    summary: dict[str, Any] = {"recipe": recipe, "run_name": settings.run_name, "status": "failed"}
-    outcome = TrainOutcome(policy=None)
-    before = after = None
-    try:
-        mark = time.monotonic()
-        before = evaluate_policy(
-            context, policy, repeats=settings.eval_repeats, label="before: evaluating holdout"
-        )
-        context.before_rows = before.rows
-        folder.write_rows("holdout_before.jsonl", before.rows)
-        timings["before_eval_s"] = time.monotonic() - mark
-        say(f"before  {before.describe()}")
-        audit = audit_training_reward(context)
-        summary["reward_audit"] = audit.to_dict()
-        say(audit.format())
-        for sentence in audit.described():
-            run.note(f"reward audit: {sentence}")
-
-        mark = time.monotonic()
-        try:
-            outcome = train(context)
-        except KeyboardInterrupt as interrupt:
-            outcome = TrainOutcome(policy=None, status="stopped",
-                                   stop_reason=stop_reason(interrupt))
-            say(f"interrupted ({outcome.stop_reason}): the run is marked stopped; what was "
-                "measured is kept")
-        timings["train_s"] = time.monotonic() - mark
-
-        if outcome.policy is not None:
-            mark = time.monotonic()
-            after = evaluate_policy(context, outcome.policy, repeats=1, label="after: evaluating")
-            folder.write_rows("holdout_after.jsonl", after.rows)
-            timings["after_eval_s"] = time.monotonic() - mark
-        summary["status"] = outcome.status
-    except KeyboardInterrupt as interrupt:
-        summary["status"] = "stopped"
-        outcome.stop_reason = outcome.stop_reason or stop_reason(interrupt)
-        say(f"interrupted ({outcome.stop_reason}): the run is marked stopped; what was "
-            "measured is kept")
-    except BaseException as error:
-        summary["error"] = f"{type(error).__name__}: {error}"
-        raise
-    finally:
-        timings["total_s"] = time.monotonic() - started
-        summary = finish_summary(context, summary, before, after, outcome, timings)
-        run.finish(summary, status=summary["status"])
-        if new_run is not None:
-            new_run.finish()
-        elif not ranks.is_main:  # the scratch run folder of another process: not kept
-            shutil.rmtree(folder.path, ignore_errors=True)
-    return summary
+    return context
 
 
-def audit_training_reward(context: RecipeContext) -> RewardAudit:
+def load_base_policy(settings: RecipeSettings, root: Path) -> tuple[Policy, str | None]:
+    """The policy a run starts from and the ``--from-run`` folder it came from (or None):
+    ``--base-model`` loaded (the environment's ``starter`` when that is the name), with
+    ``--from-run``'s adapter merged in."""
+    from_folder = None
+    if settings.from_run:
+        from_folder = find_run(root, settings.from_run)
+        if not from_folder.adapter.is_dir():
+            raise PosttrainError(
+                f"run {settings.from_run!r} has no adapter/ (it did not finish training): "
+                "choose a finished run for --from-run"
+            )
+    merged_base = from_folder.file("merged") if from_folder else None
+    if merged_base is not None and merged_base.is_dir():
+        # a DPO round-two run saved its merged base: stack on top of it
+        policy = load_policy(str(merged_base))
+    else:
+        assert settings.base_model is not None, "prepare names the base model first"
+        # ``starter`` is the environment's own when it has no hand-written one
+        policy = load_policy(settings.base_model, env=settings.env,
+                             prompts_file=settings.prompts_file)
+    if from_folder is not None:
+        policy = merge_adapter(load_adapter(policy, from_folder.adapter))
+    return policy, str(from_folder.path) if from_folder else None
+
+
+# -- 3. baseline -------------------------------------------------------------------------
+
+
+def baseline(context: RecipeContext[Any]) -> PolicyEvaluation:
+    """Phase 3: the base policy on the holdout ``eval_repeats`` times (its rows in
+    ``holdout_before.jsonl`` and ``context.before_rows``), then the training reward's
+    audit on those rows, said and noted in the run."""
+    mark = time.monotonic()
+    before = evaluate_policy(context, context.policy, repeats=context.settings.eval_repeats,
+                             label="before: evaluating holdout")
+    context.before_rows = before.rows
+    context.folder.write_rows("holdout_before.jsonl", before.rows)
+    context.timings["before_eval_s"] = time.monotonic() - mark
+    context.say(f"before  {before.describe()}")
+    audit = context.audit = audit_training_reward(context)
+    context.say(audit.format())
+    for sentence in audit.described():
+        context.run.note(f"reward audit: {sentence}")
+    return before
+
+
+def audit_training_reward(context: RecipeContext[Any]) -> RewardAudit:
     """The reward audit (``posttrain.score.audit``) of the training reward on the base
     policy's holdout rows, once, before training."""
     reward = context.reward
     return audit_reward(context.env, context.before_rows, reward.score_reply,
                         rule=context.env.score if reward.custom else None,
                         seed=context.settings.seed)
+
+
+# -- 4. train: the recipe's own step, timed ----------------------------------------------
+
+
+@contextmanager
+def timed(context: RecipeContext[Any], phase: str) -> Iterator[None]:
+    """Seconds spent in the block, as ``context.timings[phase]`` (also when it raises)."""
+    mark = time.monotonic()
+    try:
+        yield
+    finally:
+        context.timings[phase] = time.monotonic() - mark
+
+
+# -- 5. finish ---------------------------------------------------------------------------
+
+
+def evaluate_trained(context: RecipeContext[Any],
+                     outcome: TrainOutcome) -> PolicyEvaluation | None:
+    """The trained policy on the same holdout prompts with the same seeds (its rows in
+    ``holdout_after.jsonl``); None when nothing was trained."""
+    if outcome.policy is None:
+        return None
+    with timed(context, "after_eval_s"):
+        after = evaluate_policy(context, outcome.policy, repeats=1, label="after: evaluating")
+        context.folder.write_rows("holdout_after.jsonl", after.rows)
+    return after
+
+
+@contextmanager
+def finishing(context: RecipeContext[Any]) -> Iterator[Measured]:
+    """Phase 5, however the block ends: the summary from what was measured (delta, guard,
+    categories), the report files, the run finished in the store and its name let go.
+    Ctrl-C or SIGTERM in the block marks the run ``stopped`` and keeps what was measured;
+    any other error marks it ``failed`` and is raised again."""
+    measured = Measured()
+    status, error = "failed", None
+    try:
+        yield measured
+        status = measured.outcome.status
+    except KeyboardInterrupt as interrupt:
+        outcome = measured.outcome
+        status = outcome.status = "stopped"
+        outcome.stop_reason = outcome.stop_reason or stop_reason(interrupt)
+        context.say(f"interrupted ({outcome.stop_reason}): the run is marked stopped; what "
+                    "was measured is kept")
+    except BaseException as failure:
+        error = f"{type(failure).__name__}: {failure}"
+        raise
+    finally:
+        summary: dict[str, Any] = {"recipe": context.recipe,
+                                   "run_name": context.settings.run_name, "status": status}
+        if context.audit is not None:
+            summary["reward_audit"] = context.audit.to_dict()
+        if error is not None:
+            summary["error"] = error
+        context.timings["total_s"] = time.monotonic() - context.started
+        measured.summary = finish_summary(context, summary, measured.before, measured.after,
+                                          measured.outcome, context.timings)
+        context.run.finish(measured.summary, status=measured.summary["status"])
+        if context.claim is not None:
+            context.claim.finish()
+        elif not context.ranks.is_main:  # another process's scratch run folder: not kept
+            shutil.rmtree(context.folder.path, ignore_errors=True)
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as metadata
+
+    versions = {"python": sys.version.split()[0]}
+    for package in ("posttrain", "torch", "transformers", "trl", "peft", "datasets"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def _silent(line: str) -> None:
+    """The console of a process that is not the main one."""
 
 
 def _local_run_page(runs_root: Path, name: str) -> str | None:

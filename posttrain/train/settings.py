@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.data.prepare import DataFlags, check_data_config, check_seed
+from posttrain.data.prepare import DataFlags, PreparedData, check_data_config, check_seed
 from posttrain.envs import DEFAULT_ENV
 from posttrain.errors import PosttrainError
 from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
@@ -216,8 +216,28 @@ class RecipeSettings(DataFlags):
         return self.default_learning_rate(parameters), "default for model size"
 
     def per_step_batch(self) -> int:
-        """Examples per optimizer step, over every process (GRPO: completions)."""
-        return int(getattr(self, "batch_size", None) or 1)
+        """Examples per optimizer step, over every process (GRPO: completions); each recipe
+        says its own."""
+        return 1
+
+    def check(self) -> None:
+        """Refuse settings this recipe cannot run with (``PosttrainError`` naming the
+        flag), before anything loads or is written: the shared flags here, a recipe adds
+        its own."""
+        check_recipe_settings(self)
+
+    def check_data(self, data: PreparedData) -> None:
+        """Refuse settings that do not fit the prepared prompts (before the model loads);
+        a recipe whose settings depend on the data adds its check."""
+
+    def training_reward(self) -> str | None:
+        """``--reward``'s ``module:function`` when the recipe trains on a reward other than
+        the environment's rule, else None (only GRPO trains on a reward)."""
+        return None
+
+    def stops_on_alarms(self) -> bool:
+        """Whether an alarm may end the run (``--stop-on``; only GRPO watches a run)."""
+        return False
 
     def trainer_output_dir(self, run_folder: Any) -> str | None:
         """Where the trainer writes: the run folder's ``trainer/`` when a tracker is on (its

@@ -38,12 +38,13 @@ from typing import Any, ClassVar
 
 from posttrain.envs.base import Case, Messages
 from posttrain.envs.ecosystem.bridge import run_sync
-from posttrain.envs.ecosystem.common import (
+from posttrain.envs.ecosystem.dataset_adapter import (
     DEFAULT_CATEGORY,
+    DatasetAdapter,
     GroundTruthAgent,
+    Sample,
     ScoreCache,
     clip,
-    pick_indices,
     shared_prefix,
 )
 from posttrain.envs.ecosystem.inspect_judge import graded_by, judge_model
@@ -168,7 +169,7 @@ class _Asked(Exception):
     """Raised by the capturing ``generate``: the solver chain reached the model's turn."""
 
 
-class InspectEnv:
+class InspectEnv(DatasetAdapter):
     """An inspect_ai task behind posttrain's ``Env`` contract (see the module docstring).
     Built by ``get_env("inspect:PKG/TASK?...")``."""
 
@@ -216,10 +217,10 @@ class InspectEnv:
                 "tools, which posttrain does not know how to play")
         system = [m for m in self._prefix if m["role"] == "system"]
         self.system = system[0]["content"] if system else ""
-        self._samples = [(prompt, scenario, fields)
-                         for prompt, (scenario, fields) in zip(prompts, cases, strict=True)]
-        self._by_prompt = {prompt: fields for prompt, _, fields in self._samples}
-        self.categories = tuple(sorted({self.category(fields) for _, _, fields in self._samples}))
+        self._keep_samples([Sample(prompt, scenario, fields)
+                            for prompt, (scenario, fields) in zip(prompts, cases, strict=True)])
+        self.categories = tuple(sorted({self.category(sample.fields)
+                                        for sample in self._samples}))
         self._scores = ScoreCache()
         if not getattr(self, "multi_turn", False):  # a tool task probes once it is set up
             self._probe_scorers()
@@ -227,8 +228,9 @@ class InspectEnv:
     def _probe_scorers(self) -> None:
         """Score the first sample's own target once, so a scorer that needs what posttrain
         does not give (a grader model, a sandbox) is refused when the task loads."""
-        prompt, _, fields = self._samples[0]
-        self.scores_of((fields["target"] or [""])[0], self.case_from_record(prompt, fields))
+        first = self._samples[0]
+        self.scores_of((first.fields["target"] or [""])[0],
+                       self.case_from_record(first.prompt, first.fields))
 
     @staticmethod
     def _targets(target: Any) -> list[str]:
@@ -266,31 +268,10 @@ class InspectEnv:
         raise PosttrainError(f"inspect task {self.target!r}: its solver never asks the model "
                              f"(sample {sample.id!r}), so there is no reply to train")
 
-    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
-        """``count`` of the dataset's samples (all of them when it has fewer), chosen by
-        ``seed``; each a prompt record with the sample's target and metadata as fields."""
-        records = []
-        for index in pick_indices(len(self._samples), count, seed):
-            prompt, scenario, fields = self._samples[index]
-            case = self.case_from_record(prompt, fields)
-            records.append({"prompt": prompt, "scenario_id": scenario,
-                            "fields": {k: v for k, v in fields.items()}, "case": case,
-                            "category": self.category(case)})
-        return records
-
-    def messages_for(self, prompt: str) -> Messages:
-        return [*(dict(m) for m in self._prefix), {"role": "user", "content": prompt}]
-
-    def case_from_record(self, prompt: str, fields: dict[str, Any]) -> Case:
-        return {"prompt": prompt, **fields}
-
-    def case_for(self, prompt: str) -> Case:
-        fields = self._by_prompt.get(prompt)
-        if fields is None:
-            raise KeyError(f"inspect task {self.target!r}: the prompt is not one of its "
-                           "dataset's, so its target is unknown: give the sample's target and "
-                           "metadata in the prompts file")
-        return self.case_from_record(prompt, fields)
+    def _unknown_prompt(self) -> str:
+        return (f"inspect task {self.target!r}: the prompt is not one of its dataset's, so "
+                "its target is unknown: give the sample's target and metadata in the prompts "
+                "file")
 
     def category(self, case: Case) -> str:
         """``metadata["category"]`` when the sample names one, else ``default``."""

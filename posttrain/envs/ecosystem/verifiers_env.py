@@ -31,15 +31,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from posttrain.envs.base import Case, Messages
+from posttrain.envs.base import Case
 from posttrain.envs.ecosystem.bridge import run_sync
-from posttrain.envs.ecosystem.common import (
+from posttrain.envs.ecosystem.dataset_adapter import (
     DEFAULT_CATEGORY,
+    DatasetAdapter,
     GroundTruthAgent,
+    Sample,
     ScoreCache,
     answer_spellings,
     clip,
-    pick_indices,
     shared_prefix,
 )
 from posttrain.envs.ecosystem.spec import JudgeEndpoint
@@ -167,7 +168,7 @@ def _plain(message: Any) -> dict[str, str]:
     return {"role": str(message.role), "content": str(message.content or "")}
 
 
-class VerifiersEnv:
+class VerifiersEnv(DatasetAdapter):
     """A classic-API verifiers environment behind posttrain's ``Env`` contract (see the
     module docstring). Built by ``get_env("verifiers:ENV_ID?...")``."""
 
@@ -181,14 +182,14 @@ class VerifiersEnv:
         rows = [dict(row) for row in self.vf_env.get_dataset()]
         if not rows:
             raise PosttrainError(f"verifiers environment {env_id!r}: its dataset is empty")
-        self._rows = rows
         self._prefix = self._shared_prefix(rows)
         system = [m for m in self._prefix if m["role"] == "system"]
         self.system = system[0]["content"] if system else (self.vf_env.system_prompt or "")
         self.record_fields = {name: kind for name in ("answer", "info", "task")
                               if name in rows[0] and (kind := _json_type(rows[0][name]))}
         self.categories = tuple(sorted({self.category(self._fields(row)) for row in rows}))
-        self._by_prompt = {self._user_text(row): row for row in rows}
+        self._keep_samples([Sample(self._user_text(row), str(row.get("example_id", index)),
+                                   self._fields(row)) for index, row in enumerate(rows)])
         self._scores = ScoreCache()
 
     # -- prompts ---------------------------------------------------------------
@@ -217,32 +218,10 @@ class VerifiersEnv:
     def _fields(self, row: dict[str, Any]) -> dict[str, Any]:
         return {name: row[name] for name in self.record_fields}
 
-    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
-        """``count`` of the dataset's rows (all of them when it has fewer), chosen by
-        ``seed``; each a prompt record with the row's columns as fields."""
-        records = []
-        for index in pick_indices(len(self._rows), count, seed):
-            row = self._rows[index]
-            prompt = self._user_text(row)
-            fields = self._fields(row)
-            case = self.case_from_record(prompt, fields)
-            records.append({"prompt": prompt, "scenario_id": str(row.get("example_id", index)),
-                            "fields": fields, "case": case, "category": self.category(case)})
-        return records
-
-    def messages_for(self, prompt: str) -> Messages:
-        return [*(dict(m) for m in self._prefix), {"role": "user", "content": prompt}]
-
-    def case_from_record(self, prompt: str, fields: dict[str, Any]) -> Case:
-        return {"prompt": prompt, **fields}
-
-    def case_for(self, prompt: str) -> Case:
-        row = self._by_prompt.get(prompt)
-        if row is None:
-            raise KeyError(f"verifiers environment {self.env_id!r}: the prompt is not one of "
-                           "its dataset's, so its answer is unknown: give the row's columns "
-                           f"({', '.join(self.record_fields)}) in the prompts file")
-        return self.case_from_record(prompt, self._fields(row))
+    def _unknown_prompt(self) -> str:
+        return (f"verifiers environment {self.env_id!r}: the prompt is not one of its "
+                "dataset's, so its answer is unknown: give the row's columns "
+                f"({', '.join(self.record_fields)}) in the prompts file")
 
     def category(self, case: Case) -> str:
         """A text ``task`` column (older datasets); else ``info["category"]`` (verifiers

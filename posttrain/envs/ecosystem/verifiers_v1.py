@@ -27,15 +27,16 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar
 
-from posttrain.envs.base import Case, Messages
+from posttrain.envs.base import Case
 from posttrain.envs.ecosystem.bridge import run_sync
-from posttrain.envs.ecosystem.common import (
+from posttrain.envs.ecosystem.dataset_adapter import (
     DEFAULT_CATEGORY,
+    DatasetAdapter,
     GroundTruthAgent,
+    Sample,
     ScoreCache,
     answer_spellings,
     clip,
-    pick_indices,
     shared_prefix,
 )
 from posttrain.envs.ecosystem.spec import JudgeEndpoint
@@ -119,7 +120,7 @@ def refusal(taskset_class: Any, config: Any, tasks: list[Any], env_id: str,
     return None
 
 
-class VerifiersTasksetEnv:
+class VerifiersTasksetEnv(DatasetAdapter):
     """A verifiers v1 taskset behind posttrain's ``Env`` contract (module docstring)."""
 
     #: the task's data, whole: scoring rebuilds the task from it
@@ -160,41 +161,23 @@ class VerifiersTasksetEnv:
                     if task.data.system_prompt else [] for task in self._tasks]
         self._prefix = shared_prefix(prefixes, f"verifiers taskset {env_id!r}")
         self.system = self._prefix[0]["content"] if self._prefix else ""
-        self._by_prompt = {str(task.data.prompt): task for task in self._tasks}
-        self.categories = tuple(sorted({self.category(self._case(task))
-                                        for task in self._tasks}))
+        self._keep_samples([
+            Sample(str(task.data.prompt),
+                   str(task.data.idx if task.data.idx is not None else index),
+                   {"task_data": task.data.model_dump(mode="json")})
+            for index, task in enumerate(self._tasks)])
+        self.categories = tuple(sorted({
+            self.category(self.case_from_record(sample.prompt, sample.fields))
+            for sample in self._samples}))
         self._scores = ScoreCache()
-
-    def _case(self, task: Any) -> Case:
-        return self.case_from_record(str(task.data.prompt),
-                                     {"task_data": task.data.model_dump(mode="json")})
-
-    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
-        """``count`` of the taskset's tasks (all of them when it has fewer), chosen by
-        ``seed``; each a prompt record with the task's data as its one field."""
-        records = []
-        for index in pick_indices(len(self._tasks), count, seed):
-            task = self._tasks[index]
-            case = self._case(task)
-            scenario = task.data.idx if task.data.idx is not None else index
-            records.append({"prompt": case["prompt"], "scenario_id": str(scenario),
-                            "fields": {"task_data": case["task_data"]}, "case": case,
-                            "category": self.category(case)})
-        return records
-
-    def messages_for(self, prompt: str) -> Messages:
-        return [*(dict(m) for m in self._prefix), {"role": "user", "content": prompt}]
 
     def case_from_record(self, prompt: str, fields: dict[str, Any]) -> Case:
         return {"prompt": prompt, "task_data": dict(fields["task_data"])}
 
-    def case_for(self, prompt: str) -> Case:
-        task = self._by_prompt.get(prompt)
-        if task is None:
-            raise KeyError(f"verifiers taskset {self.env_id!r}: the prompt is not one of its "
-                           "tasks', so its data is unknown: give the task's data as the "
-                           "task_data field of the prompts file")
-        return self._case(task)
+    def _unknown_prompt(self) -> str:
+        return (f"verifiers taskset {self.env_id!r}: the prompt is not one of its tasks', so "
+                "its data is unknown: give the task's data as the task_data field of the "
+                "prompts file")
 
     def category(self, case: Case) -> str:
         """The task data's text ``category`` field, else ``default``."""

@@ -1,6 +1,6 @@
 """The starter models' build data (the refund environment's ``starter_data`` hook).
 
-The generic build (``posttrain.policy.starter``) asks the environment for everything
+The generic build (``posttrain.policy.starters.registry``) asks the environment for everything
 that knows the rule: the system prompt, the warm-start dialogues and how to give one a
 fresh order id, how customers spell an id (the copy circuit's prefix tokens), the
 teacher-forced copy probe, the category whose prompts name an id, the default
@@ -157,7 +157,7 @@ def render_chatml(system: str, prompt: str, reply: str) -> str:
 
 def id_token_ids(tokenizer: Any, spellings: Any) -> tuple[list[int], list[int]]:
     """(digit-chunk token ids, order-id prefix token ids) of a starter tokenizer: what the
-    copy circuit (``posttrain.policy.copy_circuit``) carries.
+    copy circuit (``posttrain.policy.starters.copy_circuit``) carries.
 
     The prefixes are the tokens right before the number in each way a customer
     spells an id (``spellings``, the environment's, e.g. ``ORD-{n}``, ``ord_{n}``,

@@ -1,7 +1,7 @@
 """Warm-start episodes for the multi-turn starter (the ``starter_dialogue`` hook).
 
 The multi-turn starter is the single-turn starter taught to play the desk
-(``posttrain.policy.starter_episodes``). Each training draw is one episode on a prompt
+(``posttrain.policy.starters.episodes``). Each training draw is one episode on a prompt
 of this environment's writer, with a fresh order number when the prompt names one (so
 ids are copied, never remembered), played by the scripted moves below against a real
 desk, so every tool result in the data is the one the desk returns.

@@ -9,8 +9,18 @@ thread all torch work runs on.
 
 from __future__ import annotations
 
-from posttrain.service.engine.capabilities import PRIMITIVES
-from posttrain.service.engine.engine import Engine
-from posttrain.service.engine.requests import Limits
+from posttrain.lazy_exports import lazy_face
 
-__all__ = ["PRIMITIVES", "Engine", "Limits"]
+# public name -> module that defines it. Imported when first asked for, never by this face
+# itself: the engine's modules import one another by their own paths, so none of them
+# waits on this file (tests/test_layers.py: no package face in an import loop)
+_EXPORTS = {
+    "PRIMITIVES": "posttrain.service.engine.capabilities",
+    "Engine": "posttrain.service.engine.engine",
+    "Limits": "posttrain.service.engine.requests",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

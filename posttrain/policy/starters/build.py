@@ -1,16 +1,11 @@
-"""The embedded starter models by name: which exist, where each is cached, and building
-one on first use.
+"""The starter build step: a starter's recipe built into its cache folder, once.
 
-Two kinds, one registry: ``starter`` and ``starter-2m`` are built from scratch
-(``posttrain.policy.starter_build``, where the build and its quality gate are
-described); ``starter-multiturn`` continues ``starter`` on an environment's episodes
-(``posttrain.policy.starter_episodes``). ``NAME@SEED`` names the same recipe started from
-build seed ``SEED`` (a seed study over builds: ``posttrain grpo --base-model starter@3``).
-
-A build lands under ``<models folder>/starter/<name>-<recipe key>/``, atomically; one
+``build_starter`` is what ``posttrain model build`` runs, and what loading a starter name
+runs when ``registry.cached_starter`` finds no build (``posttrain.policy.loading``). One
 process builds a recipe at a time (a lock file beside the folder), the others wait and
-reuse it. Every build runs torch on ``BUILD_THREADS`` threads, so on one machine a recipe
-gives the same weights, byte for byte, whatever the core count.
+reuse it; a build is atomic (a temp folder, then a rename). Every build runs torch on
+``BUILD_THREADS`` threads, so on one machine a recipe gives the same weights, byte for
+byte, whatever the core count.
 """
 
 from __future__ import annotations
@@ -19,57 +14,13 @@ import fcntl
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs import get_env
-from posttrain.errors import PosttrainError
-from posttrain.policy.models import models_dir
-from posttrain.policy.starter_build import (
-    BUILD_THREADS,
-    RECIPES,
-    StarterRecipe,
-    build_from_scratch,
-    hook_recipe,
-    needs_hook_starter,
-)
-from posttrain.policy.starter_episodes import (
-    EpisodeStarterRecipe,
-    build_episode_starter,
-    episode_recipes,
-)
-from posttrain.policy.starter_names import split_seeded_name
-
-
-def all_recipes() -> dict[str, Any]:
-    """The starters built from scratch and those continued on an environment's episodes."""
-    return {**RECIPES, **episode_recipes()}
-
-
-def recipe_for(name: str, *, env: str | None = None, prompts_file: str | None = None) -> Any:
-    """The recipe of a starter name (``NAME@SEED``: from build seed SEED); PosttrainError
-    naming the choices otherwise. With ``env``, ``starter`` names that environment's own
-    starter when it has no hand-written one (``hook_recipe``; ``prompts_file`` for an
-    environment without a prompt writer)."""
-    base, seed = split_seeded_name(name)
-    if base == "starter" and env is not None and needs_hook_starter(get_env(env)):
-        return hook_recipe(env, prompts_file, seed)
-    recipes = all_recipes()
-    if base not in recipes:
-        choices = ", ".join(sorted(recipes))
-        raise PosttrainError(
-            f"unknown starter model {name!r}; choose one of {choices} (or NAME@SEED for "
-            "another build seed, e.g. starter@3)"
-        )
-    recipe = recipes[base]
-    return replace(recipe, seed=seed) if seed is not None else recipe
-
-
-def starter_folder(name: str = "starter", *, recipe: Any = None) -> Path:
-    """Where the build of ``name`` (or of ``recipe``) is cached; it may not exist yet."""
-    recipe = recipe or recipe_for(name)
-    return models_dir() / "starter" / f"{recipe.name}-{recipe.key()}"
+from posttrain.policy.starters.episodes import EpisodeStarterRecipe, build_episode_starter
+from posttrain.policy.starters.recipes import BUILD_THREADS, StarterRecipe
+from posttrain.policy.starters.registry import recipe_for, starter_folder
+from posttrain.policy.starters.scratch import build_from_scratch
 
 
 def build_starter(

@@ -21,10 +21,13 @@ from posttrain.errors import PosttrainError
 from posttrain.policy.model_agent import is_large_model
 from posttrain.policy.models import Policy, lora_config
 from posttrain.progress import progress_bar
+from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
-from posttrain.train.demos import (
+from posttrain.train.precision import PrecisionChoice, precision_for
+from posttrain.train.sft.settings import SFTSettings, sft_config_kwargs
+from posttrain.train.training_data.demos import (
     Demo,
     DemoReport,
     distinct_prompts,
@@ -32,9 +35,6 @@ from posttrain.train.demos import (
     load_demos,
     reference_demos,
 )
-from posttrain.train.precision import PrecisionChoice, precision_for
-from posttrain.train.recipe import run_recipe
-from posttrain.train.sft import SFTSettings, check_sft_settings, sft_config_kwargs
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 
@@ -108,9 +108,11 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     return trainer
 
 
-def train_sft(context: RecipeContext) -> TrainOutcome:
-    """The SFT recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
-    settings: SFTSettings = context.settings
+def train_sft(context: RecipeContext[SFTSettings]) -> TrainOutcome:
+    """The SFT recipe's own step (phase 4 of ``posttrain.train.recipe``): the
+    demonstrations (a file or the environment's reference agent), the SFT trainer run on
+    them, the adapter saved."""
+    settings = context.settings
     demos, report = gather_demos(context)
     write_demos(demos, context.folder.file("demos.jsonl"))
     context.say(report.describe())
@@ -137,6 +139,16 @@ def train_sft(context: RecipeContext) -> TrainOutcome:
                            {"demo_report": report.to_dict(), "demos": report.kept,
                             "precision": {"bf16": precision.bf16, "reason": precision.reason}})
 
+
 def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the SFT recipe end to end; returns the summary (also in summary.json)."""
-    return run_recipe("sft", settings, check=check_sft_settings, train=train_sft, say=say)
+    """Run the SFT recipe end to end; returns the summary (also in summary.json).
+
+    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle."""
+    prepared = recipe.prepare("sft", settings, say=say)
+    context = recipe.load(prepared)
+    with recipe.finishing(context) as measured:
+        measured.before = recipe.baseline(context)
+        with recipe.timed(context, "train_s"):
+            measured.outcome = train_sft(context)
+        measured.after = recipe.evaluate_trained(context, measured.outcome)
+    return measured.summary

@@ -35,14 +35,14 @@ from posttrain.errors import PosttrainError
 from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.score.rubric import trl_scale_rewards
-from posttrain.train.rollout import ROLLOUTS
+from posttrain.train.grpo.rollout import ROLLOUTS
+from posttrain.train.grpo.shared_prefix import SHARED_PREFIX_CHOICES
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
-from posttrain.train.shared_prefix import SHARED_PREFIX_CHOICES
 
 # completions per forward/backward pass for a model of real size: a pass over all 16 of a
 # step holds every layer's activations of ~6,000 tokens for the backward (SmolLM2: GiBs)
 LARGE_MODEL_MICRO_BATCH = 4
-# with the prompts' shared head run once per pass (posttrain.train.shared_prefix) a row holds
+# with the prompts' shared head run once per pass (posttrain.train.grpo.shared_prefix) a row holds
 # its own ~100 tokens instead of ~400, so passes of 8 fit in less memory than passes of 4
 # did, and run faster (benchmarks/RESULTS.md "Real weights: issue #30's targets")
 SHARED_PREFIX_MICRO_BATCH = 8
@@ -226,6 +226,19 @@ class GRPOSettings(RecipeSettings):
 
     def stop_on_alarms(self) -> tuple[str, ...]:
         return tuple(part.strip() for part in self.stop_on.split(",") if part.strip())
+
+    def check(self) -> None:
+        super().check()
+        check_grpo_settings(self)
+
+    def check_data(self, data: PreparedData) -> None:
+        check_grpo_data(self, data)
+
+    def training_reward(self) -> str | None:
+        return self.reward
+
+    def stops_on_alarms(self) -> bool:
+        return bool(self.stop_on_alarms())
 
 
 def check_grpo_settings(settings: GRPOSettings) -> None:

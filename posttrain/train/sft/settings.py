@@ -6,7 +6,8 @@ supervised run on demonstrations first. This recipe is that run, with the same s
 the others (holdout, noise band, paired delta, category table, run store, report):
 
 - demonstrations come from ``--demos FILE`` (TRL's conversational format, see
-  ``posttrain.train.demos``) or ``--demos reference``: ``--demos-per-prompt`` replies per
+  ``posttrain.train.training_data.demos``) or ``--demos reference``:
+  ``--demos-per-prompt`` replies per
   *train* prompt from the environment's reference agent, kept only when the rule passes
   them; any demonstration of a holdout scenario or prompt is dropped either way;
 - the loss is on the assistant replies only (prompt-completion records);
@@ -22,8 +23,8 @@ from typing import Any
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import ReferenceAgentSource, is_multi_turn, require_hook
 from posttrain.errors import PosttrainError
-from posttrain.train.demos import REFERENCE, load_demos
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
+from posttrain.train.training_data.demos import REFERENCE, load_demos
 
 #: SFT's LoRA rates by model size: a supervised step is steadier than a policy-gradient
 #: one, so the small models take the same rates as GRPO and the large ones a bit more.
@@ -110,6 +111,13 @@ class SFTSettings(RecipeSettings):
         share = max(1, self.batch_size // world_size)
         wanted = self.micro_batch or (SFT_LARGE_MODEL_MICRO_BATCH if large_model else share)
         return min(wanted, share)
+
+    def per_step_batch(self) -> int:
+        return self.batch_size
+
+    def check(self) -> None:
+        super().check()
+        check_sft_settings(self)
 
 
 def check_sft_settings(settings: SFTSettings) -> None:

@@ -11,7 +11,7 @@ Every ``every`` optimizer steps (and at the last step) it
    (``hack_scan``, with the features the environment's design pays for endorsed:
    ``posttrain.envs.base.rewarded_features``) and measures how far each feature the
    reward pays for beyond the design has grown since the base policy;
-3. applies the alarm rules of ``posttrain.train.alarms``: ``hack`` (a paid, unendorsed
+3. applies the alarm rules of ``posttrain.train.grpo.alarms``: ``hack`` (a paid, unendorsed
    feature grows while the training reward rises and the holdout does not follow),
    ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout,
    and the training rollouts do not show the reward punishing its loss)
@@ -54,7 +54,7 @@ from posttrain.score.audit import against_design
 from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.hack_scan import build_features, hack_scan
 from posttrain.score.rows import grade, spread
-from posttrain.train.alarms import (
+from posttrain.train.grpo.alarms import (
     Alarm,
     AlarmRules,
     FeatureChange,

@@ -1,7 +1,8 @@
 """Building a starter from scratch: a tiny chat model built offline, from a seed, gated.
 
-The names, the cache and the build lock are ``posttrain.policy.starter``; the starters
-continued on an environment's episodes are ``posttrain.policy.starter_episodes``.
+The recipes are ``posttrain.policy.starters.recipes``; the names, the cache and the build
+step ``posttrain.policy.starters.registry`` and ``build``; the starters continued on an
+environment's episodes are ``posttrain.policy.starters.episodes``.
 
 The machine this project runs on cannot download a model, so ``starter`` (9.1M
 parameters) and ``starter-2m`` (1.6M, the one tests use) are built here, on first
@@ -21,14 +22,14 @@ use, from nothing but the template simulator:
    grouped-query attention, tied embeddings) initialised from the build seed and
    saved as a transformers ``llama`` model (see ``new_model`` for why), with an
    order-id copy circuit wired into its first two layers that keeps two slices of
-   the hidden space to itself (``posttrain.policy.copy_circuit``).
+   the hidden space to itself (``posttrain.policy.starters.copy_circuit``).
 4. **Supervised warm start.** A plain torch loop (AdamW, linear warm-up then
    cosine to zero, loss on the reply tokens and the closing ``<|im_end|>`` only):
    first the right move only, then the behaviour mix; every with-id dialogue gets
    a fresh random order number each time it is drawn, so ids are copied, never
    remembered. A plain loop was chosen over TRL's SFTTrainer: fewer moving parts,
    no dataset conversion, bit-for-bit repeatable on one machine.
-5. **Quality gate** (``posttrain.policy.starter_gate``). Other CPUs round floats
+5. **Quality gate** (``posttrain.policy.starters.gate``). Other CPUs round floats
    differently, so the same recipe gives other weights on another machine. The
    trained model is probed and held against ``recipe.spec``; a build outside it
    is dropped and retrained from the next build seed, at most
@@ -57,192 +58,28 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import (
-    DefaultBaseModel,
-    PromptWriter,
-    StarterDataSource,
-    env_name,
-    has_hook,
-)
-from posttrain.policy.copy_circuit import CopyCircuit, wire_copy_circuit
-from posttrain.policy.hook_starter_data import HookStarterData
+from posttrain.envs import get_env
 from posttrain.policy.models import FROZEN_MODULES_KEY
-from posttrain.policy.starter_gate import CategoryRange, StarterProbe, StarterSpec, probe_policy
-from posttrain.policy.starter_names import split_seeded_name
+from posttrain.policy.starters.copy_circuit import CopyCircuit, wire_copy_circuit
+from posttrain.policy.starters.gate import StarterProbe, probe_policy
+from posttrain.policy.starters.hook_data import HookStarterData
+from posttrain.policy.starters.recipes import (
+    STARTER_CODE_VERSION,
+    Architecture,
+    StarterRecipe,
+    starter_data,
+)
 from posttrain.policy.tool_turns import CHATML_TEMPLATE
 from posttrain.progress import progress_bar
-from posttrain.text import slug
-
-# torch threads of every build. Two halves the 10M build here (measured 0.52 s a
-# step against 0.92 on one thread, 2-core x86_64); a 1-core machine still gets
-# the same weights, just more slowly.
-BUILD_THREADS = 2
-
-# Bump when a change to this module changes what a recipe builds.
-STARTER_CODE_VERSION = 5
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
 ID_PREFIX = r"[A-Za-z]+[-_ ]?(?=[0-9])"  # letters (and one separator) right before a number
 DIGIT_CHUNK = r"[0-9]{1,2}"  # numbers split into pairs of digits from the left
-
-@dataclass(frozen=True)
-class Architecture:
-    """Qwen2 shape. Parameter counts include the tied embedding (vocab ~3.5k)."""
-
-    hidden_size: int = 256
-    num_layers: int = 9
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 1024
-    max_positions: int = 1024
-
-
-def starter_data(env_name: str = DEFAULT_ENV, prompts_file: str | None = None) -> Any:
-    """The build data of environment ``env_name``: system prompt, dialogues, what is
-    copied, copy probe, default mix and gate ranges. Its ``starter_data`` hook when it has
-    one (the refund rule), else what its hooks give (``hook_starter_data``)."""
-    env = get_env(env_name)
-    if has_hook(env, StarterDataSource):
-        return env.starter_data()
-    return HookStarterData(env, prompts_file)
-
-
-@dataclass(frozen=True)
-class StarterRecipe:
-    """Everything a starter build depends on; its hash is the cache key."""
-
-    name: str = "starter"
-    architecture: Architecture = field(default_factory=Architecture)
-    #: the behaviour mix of the warm start (the environment's dataclass); None: its default
-    mix: Any = None
-    seed: int = 0  # the first build seed; the gate tries seed + 1, + 2 ... after it
-    data_seed: int = 7919  # not 0: the evaluation's default prompt set is simulate(seed=0)
-    corpus_situations: int = 4000
-    vocab_size: int = 1024
-    skill_steps: int = 200  # phase 1: dialogues answered with the right move only
-    mix_steps: int = 100  # phase 2: dialogues answered from the behaviour mix
-    fresh_ids: bool = True  # a new random order number each time a dialogue is drawn
-    copy_circuit: bool = True  # an order-id copy circuit wired at init, its slices reserved
-    circuit_match: float = 3.0  # sharpness of the copy head's match (wire_copy_circuit)
-    circuit_copy: float = 8.0  # strength of the copy head's write (wire_copy_circuit)
-    circuit_digit_norm: float = 1.0  # digit embeddings' norm, in typical embedding norms
-    batch_size: int = 16
-    learning_rate: float = 2e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0  # must stay 0 while the circuit is held by zero gradients
-    max_grad_norm: float = 1.0
-    spec: StarterSpec = field(default_factory=StarterSpec)
-    build_attempts: int = 4  # build seeds tried before the nearest miss is kept
-    env: str = DEFAULT_ENV  # whose starter data gives the dialogues, probe and ranges
-    #: a prompts file the dialogues are built on (instead of the environment's writer)
-    prompts_file: str | None = None
-    #: SHA-256 of a hook-built environment's dialogues: another rule or other prompts
-    #: make another starter (``hook_starter_data``); "" for hand-written starter data
-    data_digest: str = ""
-
-    def __post_init__(self) -> None:
-        if self.build_attempts < 1:
-            raise ValueError(f"build_attempts must be at least 1, got {self.build_attempts}")
-        if self.mix is None or self.spec.pass_rates is None:
-            data = starter_data(self.env, self.prompts_file)
-            if self.mix is None:
-                object.__setattr__(self, "mix", data.default_mix)
-            if self.spec.pass_rates is None:
-                ranges = tuple(CategoryRange(*bounds) for bounds in data.spec_pass_rates)
-                object.__setattr__(self, "spec", replace(self.spec, pass_rates=ranges))
-
-    @property
-    def total_steps(self) -> int:
-        """Optimizer steps over both phases (one learning-rate schedule)."""
-        return self.skill_steps + self.mix_steps
-
-    def key(self) -> str:
-        """12 hex digits of SHA-256 over the recipe and the build-code version."""
-        recipe = asdict(self)
-        if self.data_digest:
-            # built from hooks: the name (the environment's) and the digest of its data
-            # identify it, however the environment or its prompts file was spelled
-            del recipe["env"], recipe["prompts_file"]
-        # fields that came after the first builds stay out of the key at their defaults,
-        # so caches built before them (and their weights) are found again
-        for name, default in (("env", DEFAULT_ENV), ("prompts_file", None),
-                              ("data_digest", "")):
-            if name in recipe and recipe[name] == default:
-                del recipe[name]
-        content = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
-        payload = json.dumps(content, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-# one recipe per name in starter_names.BASE_STARTER_NAMES (tests/test_starter.py checks it)
-RECIPES: dict[str, StarterRecipe] = {
-    # digit_norm 2: the 1.6M model sharpens the copy less by itself than the 9.1M one
-    # (at 1.0 it picks the right digit pair with probability ~0.1-0.3 and with-id
-    # pass@1 is ~0.05; docs/policies.md)
-    "starter-2m": StarterRecipe(
-        name="starter-2m",
-        architecture=Architecture(hidden_size=128, num_layers=6, intermediate_size=512),
-        skill_steps=200,
-        mix_steps=100,
-        learning_rate=2e-3,
-        circuit_digit_norm=2.0,
-    ),
-    "starter": StarterRecipe(
-        name="starter",
-        architecture=Architecture(
-            hidden_size=256, num_layers=9, num_heads=8, num_kv_heads=4, intermediate_size=1024
-        ),
-        skill_steps=100,
-        mix_steps=60,
-        learning_rate=1e-3,
-        circuit_digit_norm=1.5,
-    ),
-}
-
-
-#: the recipe a starter built from an environment's hooks starts from: starter-2m's size
-#: and schedule (about a minute on 2 cores), with that environment's data and gate
-HOOK_BASE = "starter-2m"
-
-
-def needs_hook_starter(env: Any) -> bool:
-    """True when ``starter`` means a starter built from ``env``'s own hooks: it has no
-    hand-written starter data (the refund rule has) and names no starter of its own."""
-    return not has_hook(env, StarterDataSource) and not has_hook(env, DefaultBaseModel)
-
-
-def hook_recipe(env_spec: str, prompts_file: str | None = None,
-                seed: int | None = None) -> StarterRecipe:
-    """The starter of environment ``env_spec`` built from its hooks (``hook_starter_data``):
-    named ``starter-<env name>``, keyed by the environment's name and dialogues, from build
-    seed ``seed`` (default 0). PosttrainError naming the hook the environment lacks."""
-    env = get_env(env_spec)
-    # the environment's own writer wins: its starter then does not change with the file
-    use_file = prompts_file is not None and not has_hook(env, PromptWriter)
-    file = str(Path(prompts_file).resolve()) if prompts_file is not None and use_file else None
-    data = HookStarterData(env, file)
-    base = RECIPES[HOOK_BASE]
-    recipe = replace(base, name=f"starter-{slug(env_name(env) or '') or 'env'}",
-                     env=env_spec, prompts_file=file, mix=data.default_mix,
-                     spec=replace(base.spec, pass_rates=None),
-                     corpus_situations=base.total_steps * base.batch_size,
-                     seed=seed if seed is not None else base.seed)
-    rows = data.dialogues(recipe.mix, recipe.corpus_situations, recipe.data_seed)
-    return replace(recipe, data_digest=data.digest(rows))
-
-
-def base_recipe(name: str) -> StarterRecipe:
-    """The recipe of a starter built from scratch (``NAME`` or ``NAME@SEED``); KeyError for
-    any other name (``posttrain.policy.starter.recipe_for`` names the choices)."""
-    base, seed = split_seeded_name(name)
-    recipe = RECIPES[base]
-    return replace(recipe, seed=seed) if seed is not None else recipe
 
 
 # ---------------------------------------------------------------- tokenizer and model
@@ -610,7 +447,7 @@ def build_from_scratch(
 ) -> Path:
     """Build ``recipe`` into ``folder`` (atomically): tokenizer, then build seeds in turn
     until one meets the gate (module docstring). The caller holds the build lock and has
-    set torch's thread count (``posttrain.policy.starter.build_starter``)."""
+    set torch's thread count (``posttrain.policy.starters.registry.build_starter``)."""
     import torch
 
     started = time.monotonic()
@@ -714,7 +551,3 @@ def save_atomically(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
 
-
-def with_overrides(recipe: StarterRecipe, **changes: Any) -> StarterRecipe:
-    """A copy of ``recipe`` with fields replaced (a changed recipe has a new cache key)."""
-    return replace(recipe, **changes)

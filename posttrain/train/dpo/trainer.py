@@ -1,7 +1,7 @@
 """Building the pairs and running TRL's DPOTrainer for a posttrain run.
 
 Kept apart from the recipe flow (``posttrain.train.recipe``) and the settings
-(``posttrain.train.dpo``) so the TRL-specific parts sit in one place. The training
+(``posttrain.train.dpo.settings``) so the TRL-specific parts sit in one place. The training
 step ``train_dpo``:
 
 1. on ``--from-run``, saves the merged policy it starts from under ``merged/`` (the
@@ -25,12 +25,14 @@ from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
 from posttrain.policy.models import Policy, lora_config, parameter_count, save_policy
 from posttrain.policy.sampler import SamplingParams
 from posttrain.progress import progress_bar
+from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.distributed import Ranks, gather_all, shard
-from posttrain.train.dpo import DPOSettings, check_dpo_settings, dpo_config_kwargs
-from posttrain.train.pairs import (
+from posttrain.train.dpo.settings import DPOSettings, dpo_config_kwargs
+from posttrain.train.precision import PrecisionChoice, precision_for
+from posttrain.train.training_data.pairs import (
     Pair,
     PairReport,
     build_preference_pairs,
@@ -40,8 +42,6 @@ from posttrain.train.pairs import (
     sample_pair_rows,
     summarize_pairs,
 )
-from posttrain.train.precision import PrecisionChoice, precision_for
-from posttrain.train.recipe import run_recipe
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 
@@ -122,6 +122,7 @@ def sample_pairs(context: Any, agent: Any) -> tuple[list[Pair], PairReport]:
 
 def file_pairs(settings: DPOSettings) -> tuple[list[Pair], PairReport]:
     """Pairs read from ``--pairs`` (already checked by ``check_dpo_settings``)."""
+    assert settings.pairs is not None, "called only when --pairs was given"
     pairs, skipped = load_pairs(settings.pairs, skip_invalid=settings.skip_invalid)
     report = summarize_pairs(pairs, source=str(settings.pairs))
     report.skipped_lines = len(skipped)
@@ -168,9 +169,11 @@ def build_dpo_trainer(
     return trainer
 
 
-def train_dpo(context: RecipeContext) -> TrainOutcome:
-    """The DPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
-    settings: DPOSettings = context.settings
+def train_dpo(context: RecipeContext[DPOSettings]) -> TrainOutcome:
+    """The DPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the preference
+    pairs (from ``--pairs`` or sampled from the base policy), the DPO trainer run on them,
+    the adapter saved."""
+    settings = context.settings
     learning_rate = context.learning_rate
     if settings.from_run:
         # the policy is the earlier run's adapter merged into its base: keep it, so a
@@ -212,6 +215,16 @@ def train_dpo(context: RecipeContext) -> TrainOutcome:
                            {"pair_report": report.to_dict(), "pairs": report.pairs,
                             "precision": {"bf16": precision.bf16, "reason": precision.reason}})
 
+
 def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the DPO recipe end to end; returns the summary (also in summary.json)."""
-    return run_recipe("dpo", settings, check=check_dpo_settings, train=train_dpo, say=say)
+    """Run the DPO recipe end to end; returns the summary (also in summary.json).
+
+    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle."""
+    prepared = recipe.prepare("dpo", settings, say=say)
+    context = recipe.load(prepared)
+    with recipe.finishing(context) as measured:
+        measured.before = recipe.baseline(context)
+        with recipe.timed(context, "train_s"):
+            measured.outcome = train_dpo(context)
+        measured.after = recipe.evaluate_trained(context, measured.outcome)
+    return measured.summary

@@ -5,7 +5,7 @@ rounding differs between CPUs (AVX2, AVX-512, ARM), so two machines building the
 same recipe get different weights. The gate makes sure they get the same *kind* of
 policy: after training, the build is probed on a fixed prompt set and compared with
 ``StarterSpec``; a build outside it is thrown away and the next build seed is tried
-(``posttrain.policy.starter``).
+(``posttrain.policy.starters.registry``).
 
 The probe (``probe_policy``), all deterministic for given weights:
 
@@ -34,10 +34,10 @@ from typing import Any
 
 from posttrain.envs.base import PromptWriter, has_hook
 from posttrain.envs.wire import parse_tool_call
-from posttrain.policy.copy_circuit import id_copy_rate
 from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
+from posttrain.policy.starters.copy_circuit import id_copy_rate
 from posttrain.score.rows import grade
 
 PROBE_SEED = 4049

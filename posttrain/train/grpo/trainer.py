@@ -9,35 +9,33 @@ from __future__ import annotations
 
 import json
 import tempfile
-from typing import Any, cast
+from typing import Any
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
 from posttrain.policy.model_agent import default_batch_size, is_large_model
 from posttrain.policy.models import Policy, lora_config
 from posttrain.policy.tool_turns import enable_tool_turns
+from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
-from posttrain.train.grpo import (
+from posttrain.train.grpo.monitor import HackMonitor, MonitorSettings
+from posttrain.train.grpo.rollout import RolloutChoice, choose_rollout, posttrain_rollout
+from posttrain.train.grpo.settings import (
     GRPOSettings,
-    check_grpo_data,
-    check_grpo_settings,
     gold_judge,
     grpo_config_kwargs,
 )
-from posttrain.train.measure import evaluation_sampling
-from posttrain.train.monitor import HackMonitor, MonitorSettings
-from posttrain.train.precision import PrecisionChoice, precision_for
-from posttrain.train.recipe import run_recipe
-from posttrain.train.rewards import RuleReward
-from posttrain.train.rollout import RolloutChoice, choose_rollout, posttrain_rollout
-from posttrain.train.shared_prefix import (
+from posttrain.train.grpo.shared_prefix import (
     SharedPrefixChoice,
     choose_shared_prefix,
     share_prompt_prefix,
 )
-from posttrain.train.signal_watch import SignalWatch
-from posttrain.train.step_phases import phase_shares, phases_line, time_phases
+from posttrain.train.grpo.signal_watch import SignalWatch
+from posttrain.train.grpo.step_phases import phase_shares, phases_line, time_phases
+from posttrain.train.measure import evaluation_sampling
+from posttrain.train.precision import PrecisionChoice, precision_for
+from posttrain.train.rewards import RuleReward
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
 
 ROLLOUT_WORDS = {"trl": "TRL's generate", "posttrain": "posttrain's batched sampler"}
@@ -80,7 +78,7 @@ def build_grpo_trainer(
     """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``;
     ``rollout`` says what samples its completions (TRL's generate by default),
     ``shared_prefix`` whether its update runs the prompts' shared head once per pass
-    (``posttrain.train.shared_prefix``; off by default)."""
+    (``posttrain.train.grpo.shared_prefix``; off by default)."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -142,10 +140,11 @@ def generation_share(history: list[dict[str, Any]]) -> float | None:
     return round(generating / stepping, 4) if generating and stepping else None
 
 
-def train_grpo(context: RecipeContext) -> TrainOutcome:
-    """The GRPO recipe's training step for ``run_recipe`` (see ``posttrain.train.recipe``)."""
-
-    settings = cast(GRPOSettings, context.settings)
+def train_grpo(context: RecipeContext[GRPOSettings]) -> TrainOutcome:
+    """The GRPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the GRPO
+    trainer built on the policy, run with the console, the run store, the no-signal watch
+    and the hack monitor; the adapter saved; what the run measured about its steps."""
+    settings = context.settings
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run)
@@ -230,6 +229,14 @@ def train_grpo(context: RecipeContext) -> TrainOutcome:
 
 
 def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the GRPO recipe end to end; returns the summary (also in summary.json)."""
-    return run_recipe("grpo", settings, check=check_grpo_settings, train=train_grpo, say=say,
-                      check_data=check_grpo_data)
+    """Run the GRPO recipe end to end; returns the summary (also in summary.json).
+
+    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle."""
+    prepared = recipe.prepare("grpo", settings, say=say)
+    context = recipe.load(prepared)
+    with recipe.finishing(context) as measured:
+        measured.before = recipe.baseline(context)
+        with recipe.timed(context, "train_s"):
+            measured.outcome = train_grpo(context)
+        measured.after = recipe.evaluate_trained(context, measured.outcome)
+    return measured.summary

@@ -8,7 +8,7 @@ implicit reward above the rejected one's. The reference is the base model with t
 adapter switched off (``ref_model=None`` with a PEFT model), so there is one copy of
 the weights in memory. DPO never samples while it trains.
 
-The pairs (``posttrain.train.pairs``) are on-policy: the base policy answers each
+The pairs (``posttrain.train.training_data.pairs``) are on-policy: the base policy answers each
 train prompt ``--pair-samples`` times at the evaluation temperature, the environment
 scores every reply, and a better reply is paired with a worse one of similar length.
 ``--pairs FILE`` trains on a file written by ``export_preference`` instead.
@@ -24,7 +24,7 @@ Where we deviate from the seed recipe, and why:
   the starter models), not to the seed's 5e-6, which is for a 1.5B model.
 - The constructed-negative share is a flag (the seed fixed it at 0.3), and with no
   sampled pair there are no constructed pairs (the seed forced at least one): see
-  ``posttrain.train.pairs``.
+  ``posttrain.train.training_data.pairs``.
 - ``exo_pair`` gets ``label_smoothing`` 1e-3 unless ``--label-smoothing`` says
   otherwise: TRL refuses it at 0.
 """
@@ -38,8 +38,8 @@ from typing import Any
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import ConstructedNegatives, has_hook, require_single_turn
 from posttrain.errors import PosttrainError
-from posttrain.train.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
+from posttrain.train.training_data.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
 
 # loss types TRL 1.16's DPOTrainer accepts (checked against its DPOConfig help text)
 DPO_LOSS_TYPES = (
@@ -221,6 +221,13 @@ class DPOSettings(RecipeSettings):
         if self.label_smoothing is not None:
             return self.label_smoothing
         return EXO_LABEL_SMOOTHING if self.loss_type == "exo_pair" else 0.0
+
+    def per_step_batch(self) -> int:
+        return self.batch_size
+
+    def check(self) -> None:
+        super().check()
+        check_dpo_settings(self)
 
 
 def check_dpo_settings(settings: DPOSettings) -> None:

@@ -35,15 +35,14 @@ from posttrain.envs.base import Env, EpisodeStarterSource, PromptWriter, has_hoo
 from posttrain.policy.model_agent import EVAL_TEMPERATURE, EVAL_TOP_P, ModelAgent
 from posttrain.policy.models import Policy
 from posttrain.policy.sampler import SamplingParams
-from posttrain.policy.starter_build import (
-    base_recipe,
+from posttrain.policy.starters.gate import CategoryRange
+from posttrain.policy.starters.recipes import base_recipe, starter_data
+from posttrain.policy.starters.scratch import (
     learning_rate_at,
     new_model,
     save_atomically,
-    starter_data,
     warm_start_step,
 )
-from posttrain.policy.starter_gate import CategoryRange
 from posttrain.policy.tool_turns import enable_tool_turns
 from posttrain.progress import progress_bar
 from posttrain.score.rows import grade

@@ -5,7 +5,7 @@ score the same has zero advantage and contributes no gradient. TRL logs the shar
 such groups (``frac_reward_zero_std``) and the mean within-group spread (``reward_std``)
 every step. ``SignalWatch`` keeps both (and the mean reward), raises one ``no_signal``
 alarm when most groups are dead for several steps in a row and the run did not learn its
-way there (``posttrain.train.alarms.no_signal_alarm``), and
+way there (``posttrain.train.grpo.alarms.no_signal_alarm``), and
 sums the run up for the report: a run that reads flat because its groups carried no
 signal says so instead of just reading flat.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback as HFTrainerCallback
 
-from posttrain.train.alarms import AlarmRules, no_signal_alarm
+from posttrain.train.grpo.alarms import AlarmRules, no_signal_alarm
 
 
 class SignalWatch(HFTrainerCallback):

@@ -1,5 +1,7 @@
-"""What the ecosystem adapters share: the default category, score clipping, a reply-score
-cache, the prompt prefix every row must share, and picking prompt records by seed.
+"""The base every adapter over another library's dataset stands on (``DatasetAdapter``:
+its samples as prompt records, the shared messages before the user's, a prompt's case),
+and what the adapters' scoring shares: the default category, score clipping, a
+reply-score cache and the ground-truth reference agent.
 """
 
 from __future__ import annotations
@@ -7,9 +9,10 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from posttrain.envs.base import PASS_THRESHOLD, Case
+from posttrain.envs.base import PASS_THRESHOLD, Case, Messages
 from posttrain.errors import PosttrainError
 
 #: the category of every prompt of an environment whose data names none
@@ -92,3 +95,65 @@ def answer_spellings(answer: Any) -> list[str]:
         return []
     text = str(answer).strip()
     return [text, f"<answer>{text}</answer>"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One item of a library's dataset as posttrain reads it: the user's text, the id its
+    scenario is grouped by, and the columns the library's scorers need (prompt-file
+    fields)."""
+
+    prompt: str
+    scenario_id: str
+    fields: dict[str, Any]
+
+
+class DatasetAdapter:
+    """What every adapter over a library's dataset does the same way: prompt records from
+    its samples, the messages a prompt is sent with, and a prompt's case.
+
+    A subclass's ``__init__`` sets ``_prefix`` (the messages before the user's, the same
+    for every sample: ``shared_prefix``) and calls ``_keep_samples``; it defines
+    ``category(case)`` and ``_unknown_prompt()`` (why a prompt has no case, and what to
+    give instead), and overrides ``case_from_record`` when a case is more than the prompt
+    and its fields."""
+
+    _prefix: list[dict[str, str]]
+    _samples: list[Sample]
+    _fields_by_prompt: dict[str, dict[str, Any]]
+
+    def _keep_samples(self, samples: list[Sample]) -> None:
+        self._samples = samples
+        self._fields_by_prompt = {sample.prompt: sample.fields for sample in samples}
+
+    def category(self, case: Case) -> str:
+        raise NotImplementedError
+
+    def _unknown_prompt(self) -> str:
+        raise NotImplementedError
+
+    def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``count`` of the dataset's samples (all of them when it has fewer), chosen by
+        ``seed``; each a prompt record with the sample's columns as fields."""
+        records = []
+        for index in pick_indices(len(self._samples), count, seed):
+            sample = self._samples[index]
+            case = self.case_from_record(sample.prompt, sample.fields)
+            records.append({"prompt": sample.prompt, "scenario_id": sample.scenario_id,
+                            "fields": dict(sample.fields), "case": case,
+                            "category": self.category(case)})
+        return records
+
+    def messages_for(self, prompt: str) -> Messages:
+        return [*(dict(m) for m in self._prefix), {"role": "user", "content": prompt}]
+
+    def case_from_record(self, prompt: str, fields: dict[str, Any]) -> Case:
+        return {"prompt": prompt, **fields}
+
+    def case_for(self, prompt: str) -> Case:
+        """The case of one of the dataset's prompts; ``KeyError`` (saying what to give
+        instead) for a prompt that is not one of them."""
+        fields = self._fields_by_prompt.get(prompt)
+        if fields is None:
+            raise KeyError(self._unknown_prompt())
+        return self.case_from_record(prompt, fields)

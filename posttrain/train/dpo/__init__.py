@@ -1,0 +1,1 @@
+"""The DPO recipe: its settings (``settings``), the trainer and ``run_dpo`` (``trainer``)."""

@@ -1,0 +1,1 @@
+"""The SFT recipe: its settings (``settings``), the trainer and ``run_sft`` (``trainer``)."""
