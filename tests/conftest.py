@@ -21,10 +21,22 @@ import pytest
 from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
 
 
+def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test session's models folder. Under pytest-xdist every worker is a session of
+    its own: they share one folder beside their own temp folders, so a starter is built
+    once (the build's lock file makes the others wait and reuse it) and SmolLM2 converted
+    once (a staging folder, then a rename)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "models"
+        shared.mkdir(exist_ok=True)
+        return shared
+    return tmp_path_factory.mktemp("models")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's models folder, exported as POSTTRAIN_MODELS (with the hub offline)."""
-    folder = os.environ.get("POSTTRAIN_TEST_MODELS") or str(tmp_path_factory.mktemp("models"))
+    folder = os.environ.get("POSTTRAIN_TEST_MODELS") or str(_session_models(tmp_path_factory))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POSTTRAIN_MODELS", folder)
         patch.setenv("HF_HUB_OFFLINE", "1")

@@ -36,13 +36,6 @@ def test_a_different_step_on_a_well_conditioned_element_fails():
         assert_same_first_step(_first_step(gradient), other)
 
 
-def test_many_ill_conditioned_elements_fail():
-    gradient = torch.full((64, 64), 2e-9)  # every gradient at Adam's epsilon: proves nothing
-    gradient[0, 0] = 1.0
-    with pytest.raises(AssertionError, match="ill-conditioned"):
-        assert_same_first_step(_first_step(gradient), _first_step(gradient))
-
-
 def test_a_step_that_did_not_train_fails():
     zero = {"x.lora_A.weight": torch.ones(2, 3), "x.lora_B.weight": torch.zeros(4, 4)}
     with pytest.raises(AssertionError, match="did not train"):

@@ -128,7 +128,8 @@ def test_a_stop_signal_marks_the_run_stopped_and_keeps_what_was_measured(
         starter_2m_folder, tmp_path, stop, code, reason, inherited_ignore):
     command = [
         sys.executable, "-m", "posttrain", "grpo", *FAST, "--steps", "400",
-        "--monitor-every", "0", "--runs-dir", str(tmp_path), "--run-name", "interrupted",
+        "--monitor-every", "0", "--eval-repeats", "1",  # one base evaluation is enough here
+        "--runs-dir", str(tmp_path), "--run-name", "interrupted",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, preexec_fn=_ignore_sigint if inherited_ignore else None)

@@ -13,7 +13,7 @@ import pytest
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
 from posttrain.train.grpo.rollout import choose_rollout, rollout_seed
-from tests.adam_step import assert_same_first_step
+from tests.adam_step import ROUNDING, assert_same_first_step
 from tests.grpo_rollouts import logprob_gaps, rollout_batch, trainer_logprobs
 
 # sampler vs trainer logprobs of the same tokens: the two batch the rows differently (the
@@ -143,7 +143,8 @@ def test_micro_batches_take_the_same_step_as_one_pass(starter_2m_folder, tmp_pat
         losses[micro] = [(m["loss"], m["grad_norm"]) for m in steps if "step_time" in m]
         adapters[micro] = load_file(str(runs / name / "adapter" / "adapter_model.safetensors"))
     assert len(losses["16"]) == len(losses["4"]) == 1
-    assert losses["4"][0] == pytest.approx(losses["16"][0], rel=1e-4, abs=1e-7)
+    # loss and gradient norm: float32 sums in another order (ROUNDING, tests/adam_step.py)
+    assert losses["4"][0] == pytest.approx(losses["16"][0], rel=ROUNDING)
     # up to what one AdamW step on float32-rounded gradients can differ by (any CPU)
     assert_same_first_step(adapters["16"], adapters["4"])
 

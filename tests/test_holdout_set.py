@@ -147,8 +147,9 @@ def test_eval_refuses_an_unknown_set_by_name(capsys):
 @pytest.mark.slow
 def test_a_recipe_measures_on_the_set_by_name(starter_2m_folder, tmp_path, capsys):
     runs_root = tmp_path
+    # one base evaluation and one step: the 477 prompts are evaluated twice, not three times
     code = main(["sft", "--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "1",
-                 "--eval-repeats", "2", "--steps", "2", "--batch-size", "4",
+                 "--eval-repeats", "1", "--steps", "1", "--batch-size", "4",
                  "--holdout-set", NAME, "--runs-dir", str(runs_root), "--run-name", "big"])
     run = runs_root / "big"
     summary = json.loads((run / "summary.json").read_text())
