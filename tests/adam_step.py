@@ -15,10 +15,11 @@ the element (``ROUNDING * |g|``) plus one relative to the terms summed into it, 
 after clipping to ``max_grad_norm`` are at most ``CLIP`` (``ROUNDING * CLIP``). Put into
 the derivative above, ``|du| <= lr * (ROUNDING * r * (1 - r) + ROUNDING * CLIP * (1 - r)**2
 / eps)``, at most ``2 * lr`` (each step moves an element by at most ``lr``), plus the
-ulps AdamW's own float32 arithmetic rounds ``u`` by (``STORAGE``). ``ROUNDING`` is the relative error of float32
-arithmetic over the forward and backward of a small model whose batch shapes differ
-between the two runs: 1e-3 (``n * 2**-24`` for n ~ 1.6e4 operations in a chain); the
-largest seen here was 0.003 * lr, on an element whose gradient was 0.7 * eps.
+ulps AdamW's own float32 arithmetic rounds ``u`` by (``STORAGE``). ``ROUNDING`` is the
+relative error of float32 arithmetic over the forward and backward of a small model whose
+batch shapes differ between the two runs: 1e-3 (``n * 2**-24`` for n ~ 1.6e4 operations
+in a chain); the largest seen here was 0.003 * lr, on an element whose gradient was
+0.7 * eps.
 
 Elements near ``eps`` are bounded loosely: a first Adam step is nearly ``lr * sign(g)``,
 so it says little about the gradient's scale. The callers also compare the step's loss
