@@ -7,4 +7,15 @@ cd "$root"
 bash scripts/venv.sh
 bash scripts/chromium.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -q "$@"
+# Two worker processes (pytest-xdist), each test file on one of them (its module fixtures
+# built once), each worker's torch on one thread that sleeps rather than spins when it
+# waits: on 2 cores two 2-thread OpenMP teams stall each other at every barrier (measured:
+# the suite in 14.9 min in one process, 11.1 min in two like this; benchmarks/RESULTS.md).
+# A starter build still runs on its own fixed 2 threads (the same weights everywhere).
+# POSTTRAIN_TEST_WORKERS=0 runs it in one process.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+workers="${POSTTRAIN_TEST_WORKERS:-2}"
+if [ "$workers" = 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"

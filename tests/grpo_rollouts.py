@@ -1,6 +1,7 @@
 """What the GRPO rollout tests share: a real TRL GRPOTrainer with posttrain's rollouts, one
-step's batch scored by TRL with what the rollout function handed it, and the distance
-between the sampler's logprobs and the trainer's over the same tokens."""
+step's batch scored by TRL with what the rollout function handed it, the distance between
+the sampler's logprobs and the trainer's over the same tokens, and SmolLM2 cut to its
+first layers for the parity checks."""
 
 from __future__ import annotations
 
@@ -63,3 +64,27 @@ def logprob_gaps(reference: Any, handed: dict) -> list[float]:
         trainer_side = reference[row, :len(sampled)].float()
         gaps += (trainer_side - torch.tensor(sampled)).abs().tolist()
     return gaps
+
+
+#: SmolLM2's decoder layers kept by ``short_smollm2`` (of 30): 56.6M parameters, so still a
+#: model of 50M or more to every ``auto`` choice (posttrain.policy.model_agent.is_large_model)
+SHORT_SMOLLM2_LAYERS = 8
+
+
+def short_smollm2() -> Any:
+    """SmolLM2 with its first ``SHORT_SMOLLM2_LAYERS`` decoder layers: the same architecture
+    (grouped-query attention, rotary positions, tied 49k-token head), tokenizer and chat
+    template at about 40% of a forward's arithmetic. A parity check between two ways of
+    running one model (the shared prefix against TRL's forward, the sampler against the
+    trainer) holds at any depth; the full model's numbers are benchmarks/real_path.py's."""
+    from posttrain.policy.loading import load_policy
+    from posttrain.policy.model_agent import is_large_model
+
+    policy = load_policy("smollm2", show_progress=False)
+    model = policy.model
+    model.model.layers = model.model.layers[:SHORT_SMOLLM2_LAYERS]
+    model.config.num_hidden_layers = SHORT_SMOLLM2_LAYERS
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:SHORT_SMOLLM2_LAYERS]
+    assert is_large_model(policy), "the short SmolLM2 must still count as a real model"
+    return policy

@@ -8,12 +8,15 @@ import pytest
 
 from posttrain.envs import get_env
 from posttrain.train.fused_head import compact_on, labelled_positions_only
+from tests.float_bounds import difference_bound
 
 # A row's projection does not depend on which other rows share the matrix product, up to
 # how the BLAS kernel blocks it. Measured here (AMD EPYC, AVX-512): identical, logprobs and
 # gradients, in float32 on the starter and under bf16 autocast on SmolLM2 (as the recipes
-# run it there). Asserted at 1e-5 (float32) and 2e-2 (bf16): other CPUs block otherwise
-STARTER_TOLERANCE = 1e-5
+# run it there). In float32 the two are held to what another blocking of the decoder's sums
+# can give (tests/float_bounds.py: STARTER_TOLERANCE None); under bf16 autocast that worst
+# case is larger than the values themselves, so SmolLM2 is held at 2e-2 in logprob
+STARTER_TOLERANCE = None
 SMOLLM2_TOLERANCE = 2e-2
 
 
@@ -84,7 +87,9 @@ def score(model, batch, compact: bool, autocast: bool):
     return out.log_probs.detach(), grad, projected[0]
 
 
-def compare(model, tokenizer, tolerance: float, autocast: bool) -> None:
+def compare(model, tokenizer, tolerance: float | None, autocast: bool) -> None:
+    """Every position against the labelled ones only; ``tolerance`` None: the float32
+    bound for the model's shape (tests/float_bounds.py)."""
     from trl.trainer.utils import add_fused_lm_head
 
     add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
@@ -97,6 +102,8 @@ def compare(model, tokenizer, tolerance: float, autocast: bool) -> None:
     assert every_rows == batch[0].shape[0] * (batch[0].shape[1] - 1)
     assert only_rows == labelled < every_rows / 3
     # ... and gave the same logprobs (zero off the labels both ways) and the same gradient
+    if tolerance is None:
+        tolerance = difference_bound(model.config, float(every_logprobs.abs().max()))
     assert (only_logprobs - every_logprobs).abs().max() <= tolerance
     assert (only_logprobs[batch[2][:, 1:] == -100] == 0).all()
     scale = every_grad.abs().max()

@@ -14,7 +14,7 @@ from posttrain.cli import main
 from posttrain.errors import PosttrainError
 from posttrain.train.grpo.rollout import choose_rollout, rollout_seed
 from tests.adam_step import ROUNDING, assert_same_first_step
-from tests.grpo_rollouts import logprob_gaps, rollout_batch, trainer_logprobs
+from tests.grpo_rollouts import logprob_gaps, rollout_batch, short_smollm2, trainer_logprobs
 
 # sampler vs trainer logprobs of the same tokens: the two batch the rows differently (the
 # sampler runs the shared system prompt once, TRL pads each row and uses its chunked fused
@@ -79,9 +79,7 @@ def test_posttrain_rollouts_match_the_trainer_on_the_starter(starter_2m):
 
 @pytest.mark.slow
 def test_posttrain_rollouts_match_the_trainer_on_smollm2():
-    from posttrain.policy.loading import load_policy
-
-    policy = load_policy("smollm2")
+    policy = short_smollm2()  # its first 8 layers (tests/grpo_rollouts.py)
     trainer, output, handed = rollout_batch(policy, completion_length=12, generations=2)
     assert len(handed["completion_ids"]) == 8
     check_rollouts(trainer, output, handed, 12)

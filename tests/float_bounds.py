@@ -1,0 +1,32 @@
+"""Tolerances for two float computations of the same math whose sums are grouped
+differently (another BLAS blocking, another batch shape, a weight merged into another),
+derived from the arithmetic instead of read off one CPU.
+
+A sum of ``n`` terms in a float type with unit roundoff ``u`` is off by at most
+``n * u * (the sum of the terms' magnitudes)`` (the classic worst-case bound; Higham,
+"Accuracy and Stability of Numerical Algorithms", section 3.1). A decoder's output goes
+through one such sum per matrix product on its path: per layer, the attention and MLP
+products (``hidden_size`` and ``intermediate_size`` terms), then the LM head
+(``hidden_size`` terms). Errors entering earlier are carried forward, not multiplied away
+(normalisation keeps the activations' scale), so the chain's bound adds up the layers'.
+Two computations may each be off by it: their difference is bounded by twice that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: unit roundoff (half an ulp at 1) of each float type
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+def decoder_terms(config: Any) -> int:
+    """Summed terms along one output's path through a decoder with ``config``'s shape."""
+    per_layer = config.hidden_size + config.intermediate_size
+    return config.num_hidden_layers * per_layer + config.hidden_size
+
+
+def difference_bound(config: Any, magnitude: float, dtype: str = "float32") -> float:
+    """How far two groupings of one decoder forward may put an output whose size is about
+    ``magnitude`` (the largest |value| compared), in ``dtype``'s arithmetic."""
+    return 2 * decoder_terms(config) * UNIT_ROUNDOFF[dtype] * magnitude
