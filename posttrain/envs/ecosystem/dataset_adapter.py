@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +109,7 @@ class Sample:
     fields: dict[str, Any]
 
 
-class DatasetAdapter:
+class DatasetAdapter(ABC):
     """What every adapter over a library's dataset does the same way: prompt records from
     its samples, the messages a prompt is sent with, and a prompt's case.
 
@@ -126,11 +127,13 @@ class DatasetAdapter:
         self._samples = samples
         self._fields_by_prompt = {sample.prompt: sample.fields for sample in samples}
 
+    @abstractmethod
     def category(self, case: Case) -> str:
-        raise NotImplementedError
+        """The prompt category of ``case`` (from the library's own columns)."""
 
+    @abstractmethod
     def _unknown_prompt(self) -> str:
-        raise NotImplementedError
+        """Why a prompt that is not one of the dataset's has no case, and what to give."""
 
     def write_prompts(self, count: int, seed: int = 0) -> list[dict[str, Any]]:
         """``count`` of the dataset's samples (all of them when it has fewer), chosen by
