@@ -30,3 +30,21 @@ def difference_bound(config: Any, magnitude: float, dtype: str = "float32") -> f
     """How far two groupings of one decoder forward may put an output whose size is about
     ``magnitude`` (the largest |value| compared), in ``dtype``'s arithmetic."""
     return 2 * decoder_terms(config) * UNIT_ROUNDOFF[dtype] * magnitude
+
+
+def rounding_flip_bound(magnitude: float, dtype: str = "bfloat16") -> float:
+    """How far apart two roundings to ``dtype`` of almost the same value may land: one ulp
+    at ``magnitude``, at most ``2u * magnitude``. Under bf16 autocast a matrix product
+    sums in float32 and rounds its result to bfloat16, so two groupings of the same sum
+    (float32 results a few float32 ulps apart) come out equal or one bfloat16 ulp apart."""
+    return 2 * UNIT_ROUNDOFF[dtype] * magnitude
+
+
+def head_logprob_bound(hidden_size: int, max_logit: float, dtype: str = "bfloat16") -> float:
+    """How far two groupings of the LM head may put a token's logprob when the hidden
+    states they project are the same: each logit is a float32 sum of ``hidden_size``
+    terms (off by ``2 * n * u32 * magnitude`` between groupings), rounded to ``dtype``
+    (one more ulp); a logprob ``z_t - logsumexp(z)`` moves by at most twice the largest
+    logit's move (the logsumexp moves by a probability-weighted mean of the logits')."""
+    summed = 2 * hidden_size * UNIT_ROUNDOFF["float32"] * max_logit
+    return 2 * (summed + rounding_flip_bound(max_logit, dtype))

@@ -55,6 +55,17 @@ def trainer_logprobs(trainer: Any, output: dict) -> Any:
     return reference
 
 
+def float32_logprobs(trainer: Any, output: dict) -> Any:
+    """``trainer_logprobs`` with the trainer's bf16 autocast off (TRL enters it through
+    ``accelerator.autocast()``, a no-op without native mixed precision)."""
+    amp = trainer.accelerator.native_amp
+    trainer.accelerator.native_amp = False
+    try:
+        return trainer_logprobs(trainer, output)
+    finally:
+        trainer.accelerator.native_amp = amp
+
+
 def logprob_gaps(reference: Any, handed: dict) -> list[float]:
     """Per token, |trainer logprob - sampler logprob| over every handed completion."""
     import torch

@@ -6,19 +6,24 @@ sampler's."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
 from posttrain.train.precision import choose_precision, cpu_has_native_bf16
-from tests.grpo_rollouts import logprob_gaps, rollout_batch, trainer_logprobs
+from tests.float_bounds import difference_bound
+from tests.grpo_rollouts import float32_logprobs, logprob_gaps, rollout_batch, trainer_logprobs
 
-# bf16 autocast against float32: bfloat16 keeps 8 bits of mantissa, so a token's logprob
-# moves by hundredths to tenths. Measured here over 8 SmolLM2 completions of 12 tokens:
-# largest gap 0.13, mean 0.026; asserted at 0.5 and 0.1 (other CPUs round otherwise)
-BF16_LOGPROB_TOLERANCE = 0.5
-BF16_MEAN_TOLERANCE = 0.1
+# bf16 autocast against float32. A worst-case bound on bfloat16's rounding through 30
+# layers (tests/float_bounds.py, u = 2**-8) is larger than the logprobs themselves, so the
+# bf16 trainer is held to two things derived instead of read off one CPU: (1) with
+# autocast off, the same trainer scores the sampler's tokens within the float32 grouping
+# bound (so bf16 is the only difference: same tokens, same positions); (2) under bf16 the
+# mean per-token gap stays inside GRPO's clip range, log(1 + epsilon): a wider one would
+# clip the update by rounding alone. Measured here (AMD EPYC) over 8 SmolLM2 completions of
+# 12 tokens: largest gap 0.13, mean 0.026, against log(1.2) = 0.18.
 
 
 def test_auto_picks_bf16_only_where_it_pays():
@@ -77,13 +82,17 @@ def test_an_sft_run_under_bf16_autocast_trains_and_says_so(starter_2m_folder, tm
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
 def test_grpo_under_bf16_keeps_the_trainer_near_the_sampler_on_smollm2():
     """SmolLM2 rollouts sampled in float32; TRL's trainer scores the same tokens under bf16
-    autocast: close to the sampler's logprobs, within the stated tolerance."""
+    autocast: the same tokens as the sampler's (autocast off: within float32's bound) and,
+    under bf16, a mean gap inside GRPO's clip range."""
     from posttrain.policy.loading import load_policy
     from posttrain.train.precision import PrecisionChoice
 
     trainer, output, handed = rollout_batch(load_policy("smollm2"), completion_length=12,
                                             generations=2,
                                             precision=PrecisionChoice(True, "test"))
-    gaps = logprob_gaps(trainer_logprobs(trainer, output), handed)
-    assert max(gaps) < BF16_LOGPROB_TOLERANCE, max(gaps)
-    assert sum(gaps) / len(gaps) < BF16_MEAN_TOLERANCE, sum(gaps) / len(gaps)
+    bf16_gaps = logprob_gaps(trainer_logprobs(trainer, output), handed)
+    float32_gaps = logprob_gaps(float32_logprobs(trainer, output), handed)
+    magnitude = max(abs(value) for row in handed["logprobs"] for value in row)
+    assert max(float32_gaps) <= difference_bound(trainer.model.config, magnitude)
+    assert max(bf16_gaps) > 0  # bf16 did round
+    assert sum(bf16_gaps) / len(bf16_gaps) < math.log1p(trainer.args.epsilon)

@@ -223,7 +223,7 @@ def test_from_run_refuses_a_base_model_its_adapter_does_not_fit(tmp_path):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"settings": {"base_model": "starter-2m"}}))
     (folder / "adapter").mkdir()
-    from posttrain.train.recipe import from_run_base_model
+    from posttrain.runs.folder import from_run_base_model
 
     assert from_run_base_model(tmp_path / "runs", "cold", None) == "starter-2m"
     with pytest.raises(PosttrainError, match="does not fit --base-model 'starter'"):

@@ -26,17 +26,17 @@ def get_env(name: str = DEFAULT_ENV) -> Env:
     user's object lacks.
     """
     loaded = ecosystem_env(name)
-    if loaded is not None:
-        return check_env(loaded, f"--env {name!r}")
-    target = BUILTIN_ENVS.get(name, name)
-    if ":" not in target:
-        known = ", ".join(sorted(BUILTIN_ENVS))
-        raise PosttrainError(
-            f"unknown environment {name!r}: use one of {known}, module:attribute "
-            "(or file.py:attribute), verifiers:ENV_ID, or inspect:PKG/TASK "
-            "(inspect:FILE.py@TASK)"
-        )
-    return check_env(load_object(target, "--env", "my_rules.py:ENV"), f"--env {name!r}")
+    if loaded is None:
+        target = BUILTIN_ENVS.get(name, name)
+        if ":" not in target:
+            known = ", ".join(sorted(BUILTIN_ENVS))
+            raise PosttrainError(
+                f"unknown environment {name!r}: use one of {known}, module:attribute "
+                "(or file.py:attribute), verifiers:ENV_ID, or inspect:PKG/TASK "
+                "(inspect:FILE.py@TASK)"
+            )
+        loaded = load_object(target, "--env", "my_rules.py:ENV")
+    return check_env(loaded, f"--env {name!r}")
 
 
 __all__ = ["BUILTIN_ENVS", "DEFAULT_ENV", "Env", "get_env", "passes", "rewarded_features"]

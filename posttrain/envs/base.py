@@ -318,6 +318,12 @@ def check_env(env: object, where: str) -> Env:
     return env
 
 
+def own_starter_model(env: Env) -> str | None:
+    """The starter the environment names for the recipes (its ``starter_model``), or None
+    when it names none (the recipes then use the embedded ``starter``)."""
+    return env.starter_model if has_hook(env, DefaultBaseModel) and env.starter_model else None
+
+
 def require_single_turn(env: Env, what: str) -> None:
     """Stop ``what`` (a command that trains or scores single replies) on a multi-turn
     environment, saying what to use instead."""

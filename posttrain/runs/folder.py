@@ -206,3 +206,23 @@ def find_run(root: Path, name: str) -> RunFolder:
         listing = ", ".join(known[:10]) if known else "none"
         raise PosttrainError(f"no run {name!r} in {root} (runs there: {listing})")
     return folder
+
+
+def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
+    """The base model for ``--from-run NAME``: the one that run trained on. ``asked`` (the
+    ``--base-model`` flag) must be that one, or None; a run with no record of its base
+    model leaves ``asked`` as it is."""
+    config_path = find_run(root, name).file("config.json")
+    try:
+        trained_on = json.loads(config_path.read_text())["settings"]["base_model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return asked
+    if not isinstance(trained_on, str):
+        return asked
+    if asked is not None and asked != trained_on:
+        raise PosttrainError(
+            f"--from-run {name} trained its adapter on {trained_on!r}, which does not fit "
+            f"--base-model {asked!r}: leave --base-model out (it follows the run) or pass "
+            f"--base-model {trained_on}"
+        )
+    return trained_on

@@ -7,7 +7,7 @@ Every recipe's ``run_<name>`` reads the same way (``run_grpo`` in ``train/grpo/t
     with finishing(context) as measured:                 # 5. finish, however the block ends
         measured.before = baseline(context)              # 3. baseline
         with timed(context, "train_s"):
-            measured.outcome = train_grpo(context)       # 4. train: the recipe's own step
+            measured.outcome = train_grpo(context, settings)  # 4. train: the recipe's own step
         measured.after = evaluate_trained(context, measured.outcome)
     return measured.summary
 
@@ -21,7 +21,8 @@ Every recipe's ``run_<name>`` reads the same way (``run_grpo`` in ``train/grpo/t
 3. **baseline**: the base policy on the holdout, ``eval_repeats`` times (the noise band),
    and the audit of the training reward on those rows (``posttrain.score.audit``).
 4. **train**: the recipe's own step (``train_grpo``, ``train_dpo``, ``train_sft``), called
-   directly by the recipe, with progress and monitoring.
+   directly by the recipe with its typed settings (the same object as ``context.settings``,
+   handed over so the step's signature says what it reads), with progress and monitoring.
 5. **finish**: the trained policy on the same holdout prompts with the same seeds
    (``evaluate_trained``), then, on the way out of ``finishing`` whatever happened, the
    paired delta, guard and category table, ``summary.json``, ``report.md``, ``curves.png``,
@@ -44,7 +45,7 @@ from typing import Any, Generic
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import DefaultBaseModel, Env, env_name, has_hook
+from posttrain.envs.base import Env, env_name, own_starter_model
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
 from posttrain.policy.loading import load_policy
@@ -55,6 +56,7 @@ from posttrain.runs.folder import (
     check_new_run,
     create_run_folder,
     find_run,
+    from_run_base_model,
     runs_root,
 )
 from posttrain.runs.store import NullRun, check_store_opens, check_store_server, open_run
@@ -116,21 +118,23 @@ def prepare(recipe: str, settings: SettingsT, *,
         settings.check()
         check_world(settings, ranks)
         check_store_server()
+        # the environment, then what it decides: the run's default name and base model
         env = get_env(settings.env)
         settings.name_run_for(env_name(env))
+        env_starter = own_starter_model(env)
+        custom_reward = settings.training_reward()
+        reward = RuleReward(env, load_reward_function(custom_reward, env)
+                            if custom_reward else None)
+        data = prepare_data(settings.data_config(), env)
+        settings.check_data(data)
+        # then the runs folder: the run it starts from, the store, the run's own name
         root = runs_root(settings.runs_dir)
         if settings.from_run:
             # an adapter only fits the model it was trained on: default to that one
             settings.base_model = from_run_base_model(root, settings.from_run,
                                                       settings.base_model)
         if settings.base_model is None:  # the environment's own starter, else the starter
-            settings.base_model = (env.starter_model if has_hook(env, DefaultBaseModel)
-                                   and env.starter_model else DEFAULT_STARTER)
-        custom_reward = settings.training_reward()
-        reward = RuleReward(env, load_reward_function(custom_reward, env)
-                            if custom_reward else None)
-        data = prepare_data(settings.data_config(), env)
-        settings.check_data(data)
+            settings.base_model = env_starter or DEFAULT_STARTER
         # only the main process owns the run folder (and takes its name now, so a second
         # start under that name is refused before either loads a model); the others
         # write into a scratch one
@@ -164,28 +168,6 @@ def check_world(settings: RecipeSettings, ranks: Ranks) -> None:
     if settings.stops_on_alarms():
         raise PosttrainError("--stop-on is not available with several processes yet: the "
                              "alarm is raised on the main process only; leave it out")
-
-
-def from_run_base_model(root: Path, name: str, asked: str | None) -> str | None:
-    """The base model for ``--from-run NAME``: the one that run trained on. ``asked`` (the
-    ``--base-model`` flag) must be that one, or None; a run with no record of its base
-    model leaves ``asked`` as it is."""
-    import json
-
-    config_path = find_run(root, name).file("config.json")
-    try:
-        trained_on = json.loads(config_path.read_text())["settings"]["base_model"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return asked
-    if not isinstance(trained_on, str):
-        return asked
-    if asked is not None and asked != trained_on:
-        raise PosttrainError(
-            f"--from-run {name} trained its adapter on {trained_on!r}, which does not fit "
-            f"--base-model {asked!r}: leave --base-model out (it follows the run) or pass "
-            f"--base-model {trained_on}"
-        )
-    return trained_on
 
 
 # -- 2. load -----------------------------------------------------------------------------

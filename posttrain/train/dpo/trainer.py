@@ -169,11 +169,10 @@ def build_dpo_trainer(
     return trainer
 
 
-def train_dpo(context: RecipeContext[DPOSettings]) -> TrainOutcome:
+def train_dpo(context: RecipeContext[DPOSettings], settings: DPOSettings) -> TrainOutcome:
     """The DPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the preference
     pairs (from ``--pairs`` or sampled from the base policy), the DPO trainer run on them,
     the adapter saved."""
-    settings = context.settings
     learning_rate = context.learning_rate
     if settings.from_run:
         # the policy is the earlier run's adapter merged into its base: keep it, so a
@@ -225,6 +224,6 @@ def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
     with recipe.finishing(context) as measured:
         measured.before = recipe.baseline(context)
         with recipe.timed(context, "train_s"):
-            measured.outcome = train_dpo(context)
+            measured.outcome = train_dpo(context, settings)
         measured.after = recipe.evaluate_trained(context, measured.outcome)
     return measured.summary

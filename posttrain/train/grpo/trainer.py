@@ -140,11 +140,10 @@ def generation_share(history: list[dict[str, Any]]) -> float | None:
     return round(generating / stepping, 4) if generating and stepping else None
 
 
-def train_grpo(context: RecipeContext[GRPOSettings]) -> TrainOutcome:
+def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> TrainOutcome:
     """The GRPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the GRPO
     trainer built on the policy, run with the console, the run store, the no-signal watch
     and the hack monitor; the adapter saved; what the run measured about its steps."""
-    settings = context.settings
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run)
@@ -237,6 +236,6 @@ def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
     with recipe.finishing(context) as measured:
         measured.before = recipe.baseline(context)
         with recipe.timed(context, "train_s"):
-            measured.outcome = train_grpo(context)
+            measured.outcome = train_grpo(context, settings)
         measured.after = recipe.evaluate_trained(context, measured.outcome)
     return measured.summary

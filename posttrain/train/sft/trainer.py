@@ -108,11 +108,10 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     return trainer
 
 
-def train_sft(context: RecipeContext[SFTSettings]) -> TrainOutcome:
+def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> TrainOutcome:
     """The SFT recipe's own step (phase 4 of ``posttrain.train.recipe``): the
     demonstrations (a file or the environment's reference agent), the SFT trainer run on
     them, the adapter saved."""
-    settings = context.settings
     demos, report = gather_demos(context)
     write_demos(demos, context.folder.file("demos.jsonl"))
     context.say(report.describe())
@@ -149,6 +148,6 @@ def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
     with recipe.finishing(context) as measured:
         measured.before = recipe.baseline(context)
         with recipe.timed(context, "train_s"):
-            measured.outcome = train_sft(context)
+            measured.outcome = train_sft(context, settings)
         measured.after = recipe.evaluate_trained(context, measured.outcome)
     return measured.summary
