@@ -96,3 +96,48 @@ def test_grpo_under_bf16_keeps_the_trainer_near_the_sampler_on_smollm2():
     assert max(float32_gaps) <= difference_bound(trainer.model.config, magnitude)
     assert max(bf16_gaps) > 0  # bf16 did round
     assert sum(bf16_gaps) / len(bf16_gaps) < math.log1p(trainer.args.epsilon)
+
+
+def test_auto_on_a_cpu_follows_what_was_measured_there():
+    from posttrain.train.precision_probe import PrecisionMeasurement
+
+    faster = PrecisionMeasurement(bf16_s=1.0, fp32_s=2.0)
+    slower = PrecisionMeasurement(bf16_s=1.9, fp32_s=2.0)  # under a tenth saved: not enough
+    chosen = choose_precision("auto", on_gpu=False, large_model=True, native_bf16=True,
+                              measured=faster)
+    assert chosen.bf16 and "measured here: a training pass 1.00 s in bf16" in chosen.reason
+    kept = choose_precision("auto", on_gpu=False, large_model=True, native_bf16=True,
+                            measured=slower)
+    assert not kept.bf16 and "bf16 does not pay here" in kept.reason
+    assert kept.to_dict()["measured"] == {"bf16_s": 1.9, "fp32_s": 2.0, "cached": False,
+                                          "bf16_faster": False}
+    # an explicit choice is never overruled by a measurement
+    assert choose_precision("fp32", on_gpu=False, large_model=True, native_bf16=True,
+                            measured=faster).bf16 is False
+
+
+@pytest.mark.slow
+def test_the_measurement_is_made_once_per_machine_and_model(starter_2m_folder, tmp_path):
+    from posttrain.policy.loading import load_policy
+    from posttrain.train.precision_probe import CACHE_FILE, machine_key, measure_precision
+
+    policy = load_policy("starter-2m", device="cpu", show_progress=False)
+    told: list[str] = []
+    first = measure_precision(policy.model, cache_dir=tmp_path, model_name="starter-2m",
+                              say=told.append)
+    assert not first.cached and first.bf16_s > 0 and first.fp32_s > 0
+    assert len(told) == 1 and "once per machine and model" in told[0]
+    # the weights are as they were: still trainable, no gradient left behind
+    assert all(p.requires_grad and p.grad is None for p in policy.model.parameters())
+    cache = json.loads((tmp_path / CACHE_FILE).read_text())
+    assert set(cache) == {machine_key("starter-2m")}
+    again = measure_precision(policy.model, cache_dir=tmp_path, model_name="starter-2m",
+                              say=told.append)
+    assert again.cached and (again.bf16_s, again.fp32_s) == (first.bf16_s, first.fp32_s)
+    assert len(told) == 1  # read, not measured
+    assert "measured on this machine before" in again.words()
+    # a damaged cache is measured anew and rewritten
+    (tmp_path / CACHE_FILE).write_text('{"x": [1, 2, 3]')
+    rebuilt = measure_precision(policy.model, cache_dir=tmp_path, model_name="starter-2m")
+    assert not rebuilt.cached
+    assert machine_key("starter-2m") in json.loads((tmp_path / CACHE_FILE).read_text())

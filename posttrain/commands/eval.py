@@ -27,7 +27,7 @@ from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.errors import PosttrainError
 from posttrain.policy.judge import agreement, endpoint_judge
 from posttrain.progress import progress_bar
-from posttrain.score.delta import RUN_GUARDS, noise_band, run_verdict
+from posttrain.score.delta import noise_band, run_verdict
 from posttrain.score.episode_stats import episode_stats, format_episode_stats
 from posttrain.score.eval_logs import POSTTRAIN_ROWS, load_compared, pairing_problem
 from posttrain.score.evaluate import evaluate
@@ -219,7 +219,7 @@ def run_compare(args: argparse.Namespace) -> int:
     foreign = before.kind != POSTTRAIN_ROWS
     # a foreign log records no well_formed marker: only posttrain's rows have guards
     report = run_verdict(before.rows, after.rows, noise=noise,
-                         guards=() if foreign else RUN_GUARDS)
+                         guards=() if foreign else None)
     notes = list(dict.fromkeys([*before.notes, *after.notes]))
     if args.json:
         summary = report.to_dict()

@@ -49,6 +49,30 @@ def _category_lines(title: str, groups: list[dict[str, Any]] | None) -> list[str
     return [*lines, ""]
 
 
+def _cold_start_lines(summary: dict[str, Any]) -> list[str]:
+    """A GRPO run's cold start: why it ran (or not), and each phase's own delta."""
+    choice = summary.get("cold_start")
+    if not choice:
+        return []
+    lines = ["## Cold start", "", f"{'Ran' if choice.get('run') else 'None'}: "
+             f"{choice.get('reason')}.", ""]
+    phases = summary.get("phases") or {}
+    for key, words in (("cold_start", "Cold start (base -> cold start)"),
+                       ("whole_run", "Whole run (base -> after RL)")):
+        phase = phases.get(key)
+        if phase:
+            delta = phase["delta"]
+            interval = delta.get("ci95")
+            shown = f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else ""
+            value = delta.get("delta")
+            number = f"{value:+.2f}" if isinstance(value, (int, float)) else "no delta"
+            lines.append(f"- {words}: {number}{shown} -> **{phase['verdict']}**")
+    if phases.get("rl"):
+        lines += [f"- RL (cold start -> after RL), the run's verdict: "
+                  f"**{phases['rl']['verdict']}** (below)"]
+    return [*lines, ""] if phases else lines
+
+
 def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | None) -> Path:
     """The run's report: verdict, before/after with intervals, categories, alarms, timings."""
     status = summary.get("status")
@@ -59,8 +83,11 @@ def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | Non
         + f"; learning rate {summary.get('learning_rate')}."
     )
     lines.append("")
+    lines += _cold_start_lines(summary)
     if report is not None:
-        lines += ["## Before and after on the holdout", "", report.format_markdown()]
+        heading = ("## RL: the cold-started policy and after RL on the holdout"
+                   if summary.get("phases") else "## Before and after on the holdout")
+        lines += [heading, "", report.format_markdown()]
     elif summary.get("before"):
         lines += ["## Before (no after-evaluation: the run did not finish training)", ""]
         before = summary["before"]

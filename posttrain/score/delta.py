@@ -26,9 +26,11 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from posttrain.score import stats
 from posttrain.score.delta_report import DeltaReport, GroupDelta, GuardStats
+from posttrain.score.guards import NEGATED, choose_guards, guard_marker, guard_value
 from posttrain.score.noise import NoiseBand, noise_band, split_by_eval_run
 from posttrain.score.passat import (
     GroupStats,
@@ -132,10 +134,12 @@ def _resolve_noise(noise: NoiseBand | Sequence[Sequence[Row]] | None, before: Se
 
 def _compare_guard(name: str, before: Sequence[Row], after: Sequence[Row], *, n_boot: int,
                    seed: int, alpha: float) -> GuardStats:
-    value = f"marker:{name}"
+    # ``not:<marker>`` guards the marker's absence (posttrain.score.guards)
+    value: ValueSpec = (f"marker:{name}" if not name.startswith(NEGATED)
+                        else partial(guard_value, name))
     means_before, means_after = scenario_means(before, value), scenario_means(after, value)
     paired = paired_difference(means_before, means_after, n_boot=n_boot, seed=seed, alpha=alpha)
-    observed = {float(row["markers"][name]) for row in [*before, *after]}
+    observed = {guard_value(name, row) for row in [*before, *after]}
     return GuardStats(
         name=name, before=stats.mean(list(means_before.values())),
         after=stats.mean(list(means_after.values())), delta=paired.delta, ci95=paired.ci95,
@@ -197,7 +201,8 @@ def _check_guards(guards: Sequence[str], before: list[Row], after: list[Row],
     result = []
     for index, name in enumerate(guards):
         name = name.removeprefix("marker:")
-        if not (has_marker(before, name) and has_marker(after, name)):
+        marker = guard_marker(name)
+        if not (has_marker(before, marker) and has_marker(after, marker)):
             warnings.append(f"guard {name!r} is not on every row of both sides; not checked")
             continue
         result.append(_compare_guard(name, before, after, n_boot=n_boot,
@@ -266,8 +271,8 @@ def delta(before: Iterable[Row], after: Iterable[Row], *, target: str = "pass_at
     regressions = [g.name for g in guard_stats if g.fell]
     degenerate = [g.name for g in guard_stats if g.degenerate]
     warnings.extend(f"guard {name} fell" for name in regressions)
-    warnings.extend(f"guard {name} is constant on both sides and cannot fail; it checks "
-                    f"nothing here" for name in degenerate)
+    warnings.extend(f"guard {name} is constant on both sides: it did not fall, and it shows "
+                    f"nothing else here" for name in degenerate)
 
     groups = []
     if by is not None:
@@ -310,12 +315,20 @@ RUN_GUARDS = ("well_formed",)
 
 def run_verdict(before: Iterable[Row], after: Iterable[Row], *,
                 noise: NoiseBand | Sequence[Sequence[Row]] | None = None,
-                guards: Sequence[str] = RUN_GUARDS, seed: int = 0) -> DeltaReport:
+                guards: Sequence[str] | None = None, seed: int = 0) -> DeltaReport:
     """The verdict of a training run: the one function the recipes' report and
     ``posttrain eval --compare`` both call, so a run's own row files give its verdict.
 
     ``before``: every base evaluation's rows (their ``eval_run`` repeats are pooled on
     the before side and give the noise band); ``after``: the trained policy's rows.
-    Grouped by category, guards ``RUN_GUARDS``.
+    Grouped by category; the guards ``RUN_GUARDS`` where they can fail on the before rows,
+    else a marker that can (``posttrain.score.guards``; the choice's notes end the
+    warnings), unless ``guards`` names them.
     """
-    return delta(before, after, guards=guards, by="category", noise=noise, seed=seed)
+    before, notes = list(before), []
+    if guards is None:
+        choice = choose_guards(before, RUN_GUARDS)
+        guards, notes = choice.names, choice.notes
+    report = delta(before, after, guards=guards, by="category", noise=noise, seed=seed)
+    report.warnings.extend(notes)
+    return report

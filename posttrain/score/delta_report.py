@@ -126,6 +126,11 @@ def _delta_phrase(report: DeltaReport, *, markdown: bool = False) -> str:
             f"({_noise_phrase(report)})")
 
 
+def delta_phrase(report: DeltaReport) -> str:
+    """The delta, its interval and the verdict in one phrase (the report's delta line)."""
+    return _delta_phrase(report)
+
+
 def _guard_status(guard: Any) -> str:
     if guard.degenerate:
         return "degenerate: constant on both sides"

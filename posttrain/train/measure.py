@@ -18,6 +18,7 @@ from posttrain.policy.vllm_sampler import VllmAgent
 from posttrain.runs.model_card import complete_adapter_folder, push_adapter
 from posttrain.runs.report import write_curves_png, write_report_markdown
 from posttrain.score.delta import noise_band, run_verdict
+from posttrain.score.delta_report import delta_phrase
 from posttrain.score.episode_stats import episode_stats, format_episode_change
 from posttrain.score.evaluate import evaluate
 from posttrain.score.format import json_safe
@@ -110,6 +111,11 @@ def evaluate_policy(
     return PolicyEvaluation(runs=runs, seconds=evaluation.seconds)
 
 
+def _noise(evaluation: PolicyEvaluation) -> Any:
+    """The noise band of a policy's repeated evaluations (None from one evaluation)."""
+    return noise_band(evaluation.runs) if len(evaluation.runs) > 1 else None
+
+
 def _history_curves(history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     curves: dict[str, list[tuple[int, float]]] = {}
     names = {
@@ -135,8 +141,14 @@ def finish_summary(
     after: PolicyEvaluation | None,
     outcome: TrainOutcome,
     timings: dict[str, float],
+    cold_start: PolicyEvaluation | None = None,
 ) -> dict[str, Any]:
-    """Complete the summary, write the run folder's report files, print the report."""
+    """Complete the summary, write the run folder's report files, print the report.
+
+    ``cold_start``: the policy after a GRPO run's supervised cold start (its first phase),
+    evaluated on the same holdout. The run's verdict is then RL's own (cold start -> after
+    RL), and the summary's ``phases`` holds the cold start's (base -> cold start) and the
+    whole run's (base -> after)."""
     if context is None:
         return summary
     say = context.say
@@ -158,8 +170,19 @@ def finish_summary(
         summary["launch_warning"] = launch_warning
         say(f"! {launch_warning}")
     report = None
+    phases: list[tuple[str, Any]] = []  # (what, its report) said before RL's own
+    whole = None  # base -> after, when a cold start ran first
+    base = before
+    if base is not None and cold_start is not None:
+        cold_report = run_verdict(base.rows, cold_start.rows, noise=_noise(base))
+        phases.append(("cold start (base -> cold start)", cold_report))
+        summary["phases"] = {"base": base.pass_at().to_dict(),
+                             "cold_start": {"after": cold_start.pass_at().to_dict(),
+                                            "delta": cold_report.to_dict(),
+                                            "verdict": cold_report.verdict}}
+        before = cold_start  # RL's baseline: what the cold start left
     if before is not None:
-        noise = noise_band(before.runs) if len(before.runs) > 1 else None
+        noise = _noise(before)
         summary["before"] = before.pass_at().to_dict()
         summary["noise"] = noise.to_dict() if noise else None
         summary["by_category_before"] = [g.to_dict() for g in category_table(before.rows)]
@@ -167,6 +190,11 @@ def finish_summary(
         if after is not None:
             # the same call on the same rows as `posttrain eval --compare` of the run's files
             report = run_verdict(before.rows, after.rows, noise=noise)
+            if base is not before and base is not None:
+                whole = run_verdict(base.rows, after.rows, noise=_noise(base))
+                summary["phases"]["whole_run"] = {"delta": whole.to_dict(),
+                                                  "verdict": whole.verdict}
+                summary["phases"]["rl"] = {"verdict": report.verdict}
             summary["after"] = after.pass_at().to_dict()
             summary["by_category_after"] = [g.to_dict() for g in category_table(after.rows)]
             summary["delta"] = report.to_dict()
@@ -194,8 +222,18 @@ def finish_summary(
     if curves:
         write_curves_png(folder.file("curves.png"), curves, title=context.settings.run_name)
     say("")
+    for what, phase_report in phases:
+        say(f"== {what}")
+        say(phase_report.format())
+        say("")
     if report is not None:
+        if phases:
+            say("== RL (cold start -> after RL): the run's verdict")
         say(report.format())
+        if whole is not None:
+            say(f"whole run (base -> after RL): {delta_phrase(whole)}")
+            if report.verdict != "moved" and whole.verdict == "moved":
+                say(f"! the run's gain is the cold start's: RL itself reads {report.verdict}")
         if summary.get("episodes_before") and summary.get("episodes_after"):
             say(format_episode_change(summary["episodes_before"], summary["episodes_after"]))
     elif before is not None:

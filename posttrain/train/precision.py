@@ -8,9 +8,12 @@ float32 peak here, benchmarks/RESULTS.md "Real weights at the machine's limit") 
 model is big enough for the products to dominate; elsewhere bfloat16 is emulated and
 slower. Evaluation and sampling stay in the policy's own dtype either way.
 
-``--precision auto`` (every recipe's default) picks bf16 on a GPU, and on a CPU with native
-bf16 for a model of 50M parameters or more; fp32 otherwise (the embedded starters, whose
-recorded numbers were measured in float32). The run says which and why.
+``--precision auto`` (every recipe's default) picks bf16 on a GPU; on a CPU with native
+bf16 and a model of 50M parameters or more, whichever a timed training pass found faster
+on this machine (``posttrain.train.precision_probe``: a CPU flag does not say it, an Intel
+Xeon with AMX ran SmolLM2's GRPO step slower under bf16); fp32 otherwise (the embedded
+starters, whose recorded numbers were measured in float32). The run says which and why,
+with the times it measured.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 from posttrain.errors import PosttrainError
 from posttrain.policy.model_agent import is_large_model
+from posttrain.policy.models import models_dir
+from posttrain.train.precision_probe import PrecisionMeasurement, measure_precision
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -30,9 +35,15 @@ class PrecisionChoice:
 
     bf16: bool
     reason: str
+    measured: PrecisionMeasurement | None = None  # what decided ``auto`` on this CPU
 
     def words(self) -> str:
         return ("bf16 autocast" if self.bf16 else "float32") + f" ({self.reason})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the run's config and summary."""
+        return {"bf16": self.bf16, "reason": self.reason,
+                "measured": self.measured.to_dict() if self.measured else None}
 
 
 def cpu_has_native_bf16() -> bool:
@@ -46,16 +57,25 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-def precision_for(asked: str, policy: Any) -> PrecisionChoice:
-    """``choose_precision`` for a loaded ``policy`` on this machine."""
-    return choose_precision(asked, on_gpu=str(policy.device).startswith("cuda"),
-                            large_model=is_large_model(policy),
-                            native_bf16=cpu_has_native_bf16())
+def precision_for(asked: str, policy: Any, *, say: Any = None) -> PrecisionChoice:
+    """``choose_precision`` for a loaded ``policy`` on this machine: where ``auto`` would
+    take bf16 on a CPU, a training pass is timed both ways first (or its time read from
+    the models folder's cache; ``posttrain.train.precision_probe``)."""
+    on_gpu = str(policy.device).startswith("cuda")
+    large_model = is_large_model(policy)
+    native_bf16 = cpu_has_native_bf16()
+    measured = None
+    if asked == "auto" and not on_gpu and native_bf16 and large_model:
+        measured = measure_precision(policy.model, cache_dir=models_dir(),
+                                     model_name=str(policy.name), say=say)
+    return choose_precision(asked, on_gpu=on_gpu, large_model=large_model,
+                            native_bf16=native_bf16, measured=measured)
 
 
-def choose_precision(asked: str, *, on_gpu: bool, large_model: bool,
-                     native_bf16: bool) -> PrecisionChoice:
-    """The precision for ``--precision asked`` (module docstring)."""
+def choose_precision(asked: str, *, on_gpu: bool, large_model: bool, native_bf16: bool,
+                     measured: PrecisionMeasurement | None = None) -> PrecisionChoice:
+    """The precision for ``--precision asked`` (module docstring); ``measured``: what a
+    training pass took each way on this CPU, which decides ``auto`` there."""
     if asked not in PRECISIONS:
         raise PosttrainError(f"--precision {asked!r}: expected one of {', '.join(PRECISIONS)}")
     if asked == "fp32":
@@ -72,5 +92,10 @@ def choose_precision(asked: str, *, on_gpu: bool, large_model: bool,
     if not large_model:
         return PrecisionChoice(False, "auto: a model under 50M parameters, like the embedded "
                                "starters, whose recorded numbers are float32")
+    if measured is not None:
+        if measured.bf16_faster:
+            return PrecisionChoice(True, f"auto: {measured.words()}", measured)
+        return PrecisionChoice(False, f"auto: {measured.words()}; bf16 does not pay here",
+                               measured)
     return PrecisionChoice(True, "auto: a CPU with native bf16 and a model of 50M "
                            "parameters or more")

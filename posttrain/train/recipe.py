@@ -61,6 +61,8 @@ from posttrain.runs.folder import (
 )
 from posttrain.runs.store import NullRun, check_store_opens, check_store_server, open_run
 from posttrain.score.audit import RewardAudit, audit_reward
+from posttrain.score.delta import RUN_GUARDS
+from posttrain.score.guards import choose_guards
 from posttrain.train import distributed
 from posttrain.train.context import RecipeContext, SettingsT, TrainOutcome
 from posttrain.train.distributed import Ranks
@@ -96,8 +98,11 @@ class Measured:
     """What phases 3-5 measured; ``finishing`` completes ``summary`` from it."""
 
     before: PolicyEvaluation | None = None
+    # a GRPO run's supervised cold start, evaluated (RL's baseline then), else None
+    cold_start: PolicyEvaluation | None = None
     outcome: TrainOutcome = field(default_factory=lambda: TrainOutcome(policy=None))
     after: PolicyEvaluation | None = None
+    notes: dict[str, Any] = field(default_factory=dict)  # more summary entries
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,6 +127,7 @@ def prepare(recipe: str, settings: SettingsT, *,
         env = get_env(settings.env)
         settings.name_run_for(env_name(env))
         env_starter = own_starter_model(env)
+        settings.check_env(env)
         custom_reward = settings.training_reward()
         reward = RuleReward(env, load_reward_function(custom_reward, env)
                             if custom_reward else None)
@@ -233,6 +239,17 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
     return context
 
 
+def record_in_config(context: RecipeContext[Any], key: str, value: Any) -> None:
+    """Add what the run decided after it loaded (a GRPO run's cold start) to its
+    ``config.json`` under ``key``."""
+    import json
+
+    path = context.folder.file("config.json")
+    config = json.loads(path.read_text())
+    config[key] = value
+    context.folder.write_json("config.json", config)
+
+
 def load_base_policy(settings: RecipeSettings, root: Path) -> tuple[Policy, str | None]:
     """The policy a run starts from and the ``--from-run`` folder it came from (or None):
     ``--base-model`` loaded (the environment's ``starter`` when that is the name), with
@@ -277,7 +294,17 @@ def baseline(context: RecipeContext[Any]) -> PolicyEvaluation:
     context.say(audit.format())
     for sentence in audit.described():
         context.run.note(f"reward audit: {sentence}")
+    say_guards(context, before.rows)
     return before
+
+
+def say_guards(context: RecipeContext[Any], rows: list[dict[str, Any]]) -> None:
+    """Say, before training, when a default guard cannot fail against these baseline rows
+    and what the verdict guards instead (``posttrain.score.guards``: the verdict makes
+    the same choice from the same rows)."""
+    for note in choose_guards(rows, RUN_GUARDS).notes:
+        context.say(f"guards: {note}")
+        context.run.note(f"guards: {note}")
 
 
 def audit_training_reward(context: RecipeContext[Any]) -> RewardAudit:
@@ -339,14 +366,16 @@ def finishing(context: RecipeContext[Any]) -> Iterator[Measured]:
         raise
     finally:
         summary: dict[str, Any] = {"recipe": context.recipe,
-                                   "run_name": context.settings.run_name, "status": status}
+                                   "run_name": context.settings.run_name, "status": status,
+                                   **measured.notes}
         if context.audit is not None:
             summary["reward_audit"] = context.audit.to_dict()
         if error is not None:
             summary["error"] = error
         context.timings["total_s"] = time.monotonic() - context.started
         measured.summary = finish_summary(context, summary, measured.before, measured.after,
-                                          measured.outcome, context.timings)
+                                          measured.outcome, context.timings,
+                                          cold_start=measured.cold_start)
         context.run.finish(measured.summary, status=measured.summary["status"])
         if context.claim is not None:
             context.claim.finish()

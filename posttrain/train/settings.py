@@ -14,6 +14,7 @@ from typing import Any
 
 from posttrain.data.prepare import DataFlags, PreparedData, check_data_config, check_seed
 from posttrain.envs import DEFAULT_ENV
+from posttrain.envs.base import Env
 from posttrain.errors import PosttrainError
 from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
 from posttrain.runs.model_card import push_problem
@@ -229,6 +230,10 @@ class RecipeSettings(DataFlags):
     def check_data(self, data: PreparedData) -> None:
         """Refuse settings that do not fit the prepared prompts (before the model loads);
         a recipe whose settings depend on the data adds its check."""
+
+    def check_env(self, env: Env) -> None:
+        """Refuse settings that do not fit the environment (before the data is built); a
+        recipe whose settings depend on the environment's hooks adds its check."""
 
     def training_reward(self) -> str | None:
         """``--reward``'s ``module:function`` when the recipe trains on a reward other than

@@ -204,7 +204,8 @@ def train_dpo(context: RecipeContext[DPOSettings], settings: DPOSettings) -> Tra
         TrainerCallback(context.run, total_steps=settings.steps),
         ConsoleProgress("training", enabled=context.ranks.is_main),
     ]
-    precision = precision_for(settings.precision, context.policy)
+    precision = precision_for(settings.precision, context.policy, say=context.say)
+    recipe.record_in_config(context, "precision", precision.to_dict())
     context.say(f"trainer in {precision.words()}")
     trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks,
                                 output_dir=settings.trainer_output_dir(context.folder),
@@ -212,7 +213,7 @@ def train_dpo(context: RecipeContext[DPOSettings], settings: DPOSettings) -> Tra
     trained = train_and_save(trainer, context)
     return trainer_outcome(trainer, trained,
                            {"pair_report": report.to_dict(), "pairs": report.pairs,
-                            "precision": {"bf16": precision.bf16, "reason": precision.reason}})
+                            "precision": precision.to_dict()})
 
 
 def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:

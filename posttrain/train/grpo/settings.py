@@ -31,10 +31,12 @@ from typing import Any
 
 from posttrain.data.prepare import PreparedData
 from posttrain.envs import DEFAULT_ENV
+from posttrain.envs.base import Env
 from posttrain.errors import PosttrainError
 from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.score.rubric import trl_scale_rewards
+from posttrain.train.grpo.cold_start_choice import COLD_STARTS, check_cold_start
 from posttrain.train.grpo.rollout import ROLLOUTS
 from posttrain.train.grpo.shared_prefix import SHARED_PREFIX_CHOICES
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
@@ -184,6 +186,26 @@ class GRPOSettings(RecipeSettings):
                           "says which)",
                   "choices": SHARED_PREFIX_CHOICES},
     )
+    cold_start: str = field(
+        default="auto",
+        metadata={"help": "a supervised cold start before RL, in the same run: sft (SFT on "
+                          "the environment's reference agent's replies to the train "
+                          "prompts, merged in), none, or auto (sft when the base policy "
+                          "passes none of some category's holdout replies, so RL would have "
+                          "nothing to reinforce there; the run says why). The report gives "
+                          "each phase its own delta",
+                  "choices": COLD_STARTS},
+    )
+    cold_start_steps: int = field(
+        default=60,
+        metadata={"help": "SFT steps of the cold start (8 demonstrations a step)",
+                  "range": (None, 10_000_000)},
+    )
+    cold_start_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "LoRA learning rate of the cold start (default: SFT's for the "
+                          "model's size)"},
+    )
     reward: str | None = field(
         default=None,
         metadata={
@@ -234,6 +256,9 @@ class GRPOSettings(RecipeSettings):
     def check_data(self, data: PreparedData) -> None:
         check_grpo_data(self, data)
 
+    def check_env(self, env: Env) -> None:
+        check_cold_start(self.cold_start, env)
+
     def training_reward(self) -> str | None:
         return self.reward
 
@@ -250,6 +275,15 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
         )
     if settings.steps < 1:
         raise PosttrainError(f"--steps must be at least 1, got {settings.steps}")
+    if settings.cold_start not in COLD_STARTS:
+        raise PosttrainError(f"--cold-start {settings.cold_start!r}: expected one of "
+                             f"{', '.join(COLD_STARTS)}")
+    if settings.cold_start_steps < 1:
+        raise PosttrainError(
+            f"--cold-start-steps must be at least 1, got {settings.cold_start_steps}")
+    rate = settings.cold_start_learning_rate
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise PosttrainError(f"--cold-start-learning-rate must be a number above 0, got {rate}")
     if settings.num_generations < 2:
         raise PosttrainError(
             "--num-generations must be at least 2: the advantage is relative to the group"

@@ -19,6 +19,8 @@ from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
+from posttrain.train.grpo.cold_start import run_cold_start
+from posttrain.train.grpo.cold_start_choice import choose_cold_start
 from posttrain.train.grpo.monitor import HackMonitor, MonitorSettings
 from posttrain.train.grpo.rollout import RolloutChoice, choose_rollout, posttrain_rollout
 from posttrain.train.grpo.settings import (
@@ -178,7 +180,8 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
         f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
     )
-    precision = precision_for(settings.precision, context.policy)
+    precision = precision_for(settings.precision, context.policy, say=context.say)
+    recipe.record_in_config(context, "precision", precision.to_dict())
     shared_prefix = choose_shared_prefix(settings.shared_prefix,
                                          large_model=is_large_model(context.policy),
                                          world_size=context.ranks.world)
@@ -220,7 +223,7 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
          "generation_share": generation_share(trainer.state.log_history),
          "step_phases": shares,
          "rollout": {"sampler": rollout.name, "reason": rollout.reason},
-         "precision": {"bf16": precision.bf16, "reason": precision.reason},
+         "precision": precision.to_dict(),
          "shared_prefix": {"on": shared_prefix.on, "reason": shared_prefix.reason}},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
@@ -230,11 +233,24 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
 def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
     """Run the GRPO recipe end to end; returns the summary (also in summary.json).
 
-    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle."""
+    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle,
+    after a supervised cold start when ``--cold-start`` asks for one
+    (``posttrain.train.grpo.cold_start``)."""
     prepared = recipe.prepare("grpo", settings, say=say)
     context = recipe.load(prepared)
     with recipe.finishing(context) as measured:
         measured.before = recipe.baseline(context)
+        # GRPO's own first phase when the base gives RL nothing to learn from
+        choice = choose_cold_start(settings.cold_start, context.env, measured.before.rows,
+                                   from_run=settings.from_run)
+        context.say(f"cold start: {choice.reason}")
+        measured.notes["cold_start"] = choice.to_dict()
+        recipe.record_in_config(context, "cold_start", choice.to_dict())
+        if choice.run:
+            with recipe.timed(context, "cold_start_s"):
+                cold = run_cold_start(context, settings)
+            measured.cold_start = cold.evaluation
+            measured.notes["cold_start"].update(cold.to_dict())
         with recipe.timed(context, "train_s"):
             measured.outcome = train_grpo(context, settings)
         measured.after = recipe.evaluate_trained(context, measured.outcome)

@@ -46,9 +46,8 @@ def sft_dataset(demos: list[Demo]) -> Any:
         [{"prompt": demo["prompt"], "completion": demo["completion"]} for demo in demos])
 
 
-def gather_demos(context: Any) -> tuple[list[Demo], DemoReport]:
+def gather_demos(context: Any, settings: SFTSettings) -> tuple[list[Demo], DemoReport]:
     """The demonstrations this run trains on, holdout leaks removed (see module doc)."""
-    settings: SFTSettings = context.settings
     if settings.uses_reference():
         train = context.data.train
         total = len(train) * settings.demos_per_prompt
@@ -112,7 +111,7 @@ def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> Tra
     """The SFT recipe's own step (phase 4 of ``posttrain.train.recipe``): the
     demonstrations (a file or the environment's reference agent), the SFT trainer run on
     them, the adapter saved."""
-    demos, report = gather_demos(context)
+    demos, report = gather_demos(context, settings)
     write_demos(demos, context.folder.file("demos.jsonl"))
     context.say(report.describe())
     for warning in report.warnings:
@@ -126,7 +125,8 @@ def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> Tra
         f"training: SFT, {settings.steps} steps x {settings.batch_size} demonstrations "
         f"(~{epochs:.1f} passes over {len(demos)}{in_passes}), loss on the replies only"
     )
-    precision = precision_for(settings.precision, context.policy)
+    precision = precision_for(settings.precision, context.policy, say=context.say)
+    recipe.record_in_config(context, "precision", precision.to_dict())
     context.say(f"trainer in {precision.words()}")
     callbacks = [TrainerCallback(context.run, total_steps=settings.steps),
                  ConsoleProgress("training", enabled=context.ranks.is_main)]
@@ -136,7 +136,7 @@ def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> Tra
     trained = train_and_save(trainer, context)
     return trainer_outcome(trainer, trained,
                            {"demo_report": report.to_dict(), "demos": report.kept,
-                            "precision": {"bf16": precision.bf16, "reason": precision.reason}})
+                            "precision": precision.to_dict()})
 
 
 def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""The supervised cold start a GRPO run may begin with (``--cold-start none|auto|sft``).
+
+GRPO learns only from groups whose replies score differently. A real model that never
+does what the rule pays for on some kind of prompt (SmolLM2-135M never calls the refund
+tool: none of its with-id replies pass, every group scores alike) gives RL nothing to
+reinforce there. The field's answer, and ours, is a short supervised run on the
+environment's reference agent first, in the same run:
+
+1. ``cold_start_choice.choose_cold_start`` reads the base policy's holdout rows (the
+   baseline phase's) and says whether to cold-start, and why;
+2. ``run_cold_start``: SFT with a fresh LoRA adapter on the reference agent's passing
+   replies to the *train* prompts (``posttrain.train.sft``'s trainer and data), the
+   adapter merged into the policy (saved as ``merged/``, where ``--from-run`` looks), the
+   merged policy evaluated on the holdout like the base was. RL then starts from it, and
+   the report gives each phase its own delta (base -> cold start, cold start -> after RL).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any
+
+from posttrain.policy.models import merge_adapter, parameter_count, save_policy
+from posttrain.train.console import ConsoleProgress
+from posttrain.train.context import RecipeContext
+from posttrain.train.fused_head import labelled_positions_only
+from posttrain.train.measure import PolicyEvaluation, evaluate_policy
+from posttrain.train.precision import precision_for
+from posttrain.train.recipe import say_guards
+from posttrain.train.sft.settings import SFTSettings, sft_default_learning_rate
+from posttrain.train.sft.trainer import build_sft_trainer, gather_demos, write_demos
+from posttrain.train.trl_run import quiet_transformers_warnings
+
+
+def cold_start_settings(settings: Any) -> SFTSettings:
+    """The SFT settings of a GRPO run's cold start: SFT's defaults (two reference replies
+    per train prompt, steps of 8), the run's own environment, seed and precision,
+    ``--cold-start-steps`` steps. The data is the run's own (its train prompts)."""
+    return SFTSettings(steps=settings.cold_start_steps, env=settings.env, seed=settings.seed,
+                       precision=settings.precision, base_model=settings.base_model,
+                       report_to=settings.report_to)
+
+
+@dataclass
+class ColdStart:
+    """What the cold start did: its evaluation (RL's baseline) and what it trained on."""
+
+    evaluation: PolicyEvaluation
+    demos: int
+    steps: int
+    learning_rate: float
+    loss: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"demos": self.demos, "steps": self.steps, "learning_rate": self.learning_rate,
+                "final_loss": self.loss}
+
+
+def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
+    """SFT on the reference agent's replies to the train prompts, merged into
+    ``context.policy`` (saved as ``merged/``), then evaluated on the holdout
+    ``eval_repeats`` times; ``context.before_rows`` becomes those rows, RL's baseline."""
+    sft = cold_start_settings(settings)
+    demos, report = gather_demos(context, sft)
+    write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
+    context.say(f"cold start: {report.describe()}")
+    learning_rate = (settings.cold_start_learning_rate
+                     or sft_default_learning_rate(parameter_count(context.policy.model)))
+    precision = precision_for(sft.precision, context.policy, say=context.say)
+    context.say(f"cold start: SFT, {sft.steps} steps x {sft.batch_size} demonstrations, "
+                f"learning rate {learning_rate:g}, trainer in {precision.words()}")
+    scratch = tempfile.mkdtemp(prefix="posttrain-cold-start-")
+    try:
+        trainer = build_sft_trainer(
+            context.policy, demos, sft, learning_rate,
+            [ConsoleProgress("cold start", enabled=context.ranks.is_main)],
+            output_dir=scratch, world_size=context.ranks.world, precision=precision)
+        with quiet_transformers_warnings(), labelled_positions_only():
+            trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    # the adapter merged into the weights: RL's fresh adapter trains on top of it, and its
+    # KL reference (the adapter switched off) is the cold-started policy
+    trained = merge_adapter(replace(context.policy, model=trainer.model, adapter="cold start"))
+    context.policy = trained
+    if context.ranks.is_main:
+        save_policy(trained, context.folder.file("merged"))
+    evaluation = evaluate_policy(context, trained, repeats=settings.eval_repeats,
+                                 label="cold start: evaluating holdout")
+    context.before_rows = evaluation.rows
+    context.folder.write_rows("holdout_cold_start.jsonl", evaluation.rows)
+    context.say(f"cold start  {evaluation.describe()}")
+    say_guards(context, evaluation.rows)  # RL's verdict guards against these rows
+    return ColdStart(evaluation, demos=report.kept, steps=sft.steps,
+                     learning_rate=learning_rate, loss=losses[-1] if losses else None)

@@ -1,0 +1,153 @@
+"""GRPO's supervised cold start (`--cold-start none|auto|sft`): the decision read from the
+base policy's rows, the refusals, and a run on the starter that cold-starts and reports each
+phase (posttrain.train.grpo.cold_start, posttrain.train.grpo.cold_start_choice)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.envs import get_env
+from posttrain.errors import PosttrainError
+from posttrain.train.grpo.cold_start_choice import (
+    check_cold_start,
+    choose_cold_start,
+    read_signal,
+)
+
+REFUND = get_env("refund")
+
+NO_REFERENCE_ENV = '''
+from posttrain.envs.refund.env import RefundEnv
+
+
+class NoReference(RefundEnv):
+    reference_agent = None  # a hook that is not callable does not count
+
+
+ENV = NoReference()
+'''
+
+
+def rows(category: str, scores_by_prompt: list[list[float]], eval_run: int = 0) -> list[dict]:
+    """Holdout rows: one group of samples per prompt, a reply passes at score 1.0."""
+    return [{"category": category, "eval_run": eval_run, "prompt": f"{category} {n}",
+             "score": score, "reward": 1 if score == 1.0 else 0}
+            for n, scores in enumerate(scores_by_prompt) for score in scores]
+
+
+def test_the_signal_counts_passes_and_groups_scored_alike():
+    signal = {s.name: s for s in read_signal(
+        rows("with_id", [[0.3, 0.3], [0.0, 0.3]]) + rows("no_id", [[1.0, 0.2], [1.0, 1.0]])
+        + rows("no_id", [[0.2, 0.2]], eval_run=1))}
+    assert (signal["with_id"].replies, signal["with_id"].passed) == (4, 0)
+    assert (signal["with_id"].groups, signal["with_id"].all_equal) == (2, 1)
+    # the same prompt in another evaluation is another group
+    assert (signal["no_id"].replies, signal["no_id"].passed) == (6, 3)
+    assert (signal["no_id"].groups, signal["no_id"].all_equal) == (3, 2)
+    assert signal["with_id"].words() == "with_id 0/4 passed, 1 of 2 groups all alike"
+    # one sample per prompt: no groups to read, passes still count
+    single = read_signal(rows("off_topic", [[1.0], [0.3]]))[0]
+    assert (single.groups, single.passed, single.words()) == (0, 1, "off_topic 1/2 passed")
+
+
+def test_auto_cold_starts_when_a_category_never_passes():
+    base = rows("with_id", [[0.3] * 4] * 3) + rows("no_id", [[1.0, 0.2, 0.2, 1.0]] * 2)
+    choice = choose_cold_start("auto", REFUND, base)
+    assert choice.run
+    assert "with_id 0/12 passed, 3 of 3 groups all alike" in choice.reason
+    assert "no_id" not in choice.reason  # it passes: not why
+    recorded = choice.to_dict()
+    assert recorded["run"] is True and {s["name"] for s in recorded["signal"]} == {
+        "with_id", "no_id"}
+
+
+def test_auto_trains_from_the_base_when_every_category_passes_sometimes():
+    base = rows("with_id", [[0.3, 1.0]] * 2) + rows("no_id", [[1.0, 0.2]] * 2)
+    choice = choose_cold_start("auto", REFUND, base)
+    assert not choice.run and "passes on every category" in choice.reason
+
+
+def test_the_flag_overrides_and_a_from_run_start_is_left_alone():
+    never = rows("with_id", [[0.0, 0.0]] * 3)
+    assert not choose_cold_start("none", REFUND, never).run
+    assert choose_cold_start("sft", REFUND, rows("with_id", [[1.0, 1.0]])).run
+    from_run = choose_cold_start("auto", REFUND, never, from_run="smol-sft")
+    assert not from_run.run and "--from-run smol-sft" in from_run.reason
+
+
+def test_auto_without_a_reference_agent_says_so_and_trains_from_the_base(tmp_path,
+                                                                         monkeypatch):
+    (tmp_path / "noref_env.py").write_text(NO_REFERENCE_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = get_env("noref_env:ENV")
+    choice = choose_cold_start("auto", env, rows("with_id", [[0.0, 0.3]] * 3))
+    assert not choice.run
+    assert "no reference agent to cold-start from; RL runs from the base" in choice.reason
+
+
+def test_bad_values_and_sft_without_a_reference_agent_are_refused(tmp_path, monkeypatch,
+                                                                  capsys):
+    with pytest.raises(PosttrainError, match="--cold-start 'always': expected one of "
+                                             "none, auto, sft"):
+        check_cold_start("always", REFUND)
+    with pytest.raises(PosttrainError, match="plays episodes"):
+        check_cold_start("sft", get_env("refund-multiturn"))
+    # through the command: argparse names the choices, the run folder is never made
+    with pytest.raises(SystemExit):
+        main(["grpo", "--cold-start", "always"])
+    assert "--cold-start" in capsys.readouterr().err
+    (tmp_path / "noref_env.py").write_text(NO_REFERENCE_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--env", "noref_env:ENV", "--cold-start", "sft",
+                 "--runs-dir", str(runs), "--run-name", "noref"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "has no reference agent to cold-start from" in err and "reference_agent" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (runs / "noref").exists()
+    assert main(["grpo", "--cold-start-steps", "0", "--runs-dir", str(runs)]) == 2
+    assert "--cold-start-steps must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_cold_started_run_reports_each_phase(starter_2m_folder, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--base-model", "starter-2m", "--prompts", "40", "--eval-samples", "2",
+                 "--eval-repeats", "2", "--steps", "2", "--num-generations", "4",
+                 "--monitor-every", "0", "--cold-start", "sft", "--cold-start-steps", "3",
+                 "--runs-dir", str(runs), "--run-name", "cold"])
+    assert code in (0, 1)
+    out = capsys.readouterr().out
+    folder = runs / "cold"
+    summary = json.loads((folder / "summary.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    assert summary["status"] == "done"
+    assert summary["cold_start"]["run"] and summary["cold_start"]["steps"] == 3
+    assert config["settings"]["cold_start"] == "sft"
+    assert config["cold_start"]["reason"] == "--cold-start sft"
+    # the phases: base -> cold start, cold start -> after RL (the verdict), base -> after
+    phases = summary["phases"]
+    assert phases["rl"]["verdict"] == summary["verdict"]
+    assert {"cold_start", "whole_run", "base"} <= set(phases)
+    cold_rows = [json.loads(line) for line in (folder / "holdout_cold_start.jsonl").open()]
+    assert summary["before"]["pass_at_1"] == pytest.approx(
+        sum(row["reward"] for row in cold_rows) / len(cold_rows), abs=0.2)
+    assert (folder / "merged" / "config.json").is_file()
+    assert (folder / "cold_start_demos.jsonl").is_file()
+    assert "== cold start (base -> cold start)" in out
+    assert "== RL (cold start -> after RL): the run's verdict" in out
+    assert "whole run (base -> after RL):" in out
+    report = (folder / "report.md").read_text()
+    assert "## Cold start" in report and "Cold start (base -> cold start)" in report
+    assert summary["timings"]["cold_start_s"] > 0
+    # --from-run of a cold-started run stacks on its merged policy, without a new cold start
+    code = main(["grpo", "--from-run", "cold", "--prompts", "40", "--eval-samples", "2",
+                 "--eval-repeats", "1", "--steps", "1", "--num-generations", "4",
+                 "--monitor-every", "0", "--runs-dir", str(runs), "--run-name", "after-cold"])
+    assert code in (0, 1)
+    again = json.loads((runs / "after-cold" / "summary.json").read_text())
+    assert not again["cold_start"]["run"] and "phases" not in again
