@@ -151,3 +151,18 @@ def test_a_cold_started_run_reports_each_phase(starter_2m_folder, tmp_path, caps
     assert code in (0, 1)
     again = json.loads((runs / "after-cold" / "summary.json").read_text())
     assert not again["cold_start"]["run"] and "phases" not in again
+
+
+def test_the_cold_start_rate_follows_the_model_size_unless_given():
+    from posttrain.train.grpo.cold_start import cold_start_learning_rate
+    from posttrain.train.grpo.settings import GRPOSettings
+
+    settings = GRPOSettings()
+    assert cold_start_learning_rate(settings, 134_500_000) == 5e-4  # SmolLM2
+    assert cold_start_learning_rate(settings, 9_100_000) == 1e-3  # the starter
+    assert cold_start_learning_rate(settings, 7_000_000_000) == 2e-5
+    settings.cold_start_learning_rate = 3e-4
+    assert cold_start_learning_rate(settings, 134_500_000) == 3e-4
+    assert main(["grpo", "--cold-start-learning-rate", "0"]) == 2
+    with pytest.raises(SystemExit):  # not a number at all: argparse says so
+        main(["grpo", "--cold-start-learning-rate", "nan"])

@@ -303,8 +303,8 @@ def say_guards(context: RecipeContext[Any], rows: list[dict[str, Any]]) -> None:
     and what the verdict guards instead (``posttrain.score.guards``: the verdict makes
     the same choice from the same rows)."""
     for note in choose_guards(rows, RUN_GUARDS).notes:
-        context.say(f"guards: {note}")
-        context.run.note(f"guards: {note}")
+        context.say(note)
+        context.run.note(note)
 
 
 def audit_training_reward(context: RecipeContext[Any]) -> RewardAudit:

@@ -29,9 +29,26 @@ from posttrain.train.fused_head import labelled_positions_only
 from posttrain.train.measure import PolicyEvaluation, evaluate_policy
 from posttrain.train.precision import precision_for
 from posttrain.train.recipe import say_guards
-from posttrain.train.sft.settings import SFTSettings, sft_default_learning_rate
+from posttrain.train.settings import rate_for_size
+from posttrain.train.sft.settings import SFTSettings
 from posttrain.train.sft.trainer import build_sft_trainer, gather_demos, write_demos
 from posttrain.train.trl_run import quiet_transformers_warnings
+
+#: The cold start's LoRA rates by model size. Measured on SmolLM2-135M (refund rule, 60
+#: steps x 8 of the reference agent's replies): at SFT's 2e-4 it learned *to* call the
+#: tool, not *when* (76% of no-id prompts call it), and RL from there drifted the one
+#: shared habit; at 5e-4 it learned when (0.99 after 60 steps; 40 steps leave RL room:
+#: with_id 0.61, no_id 0.55 calling the tool on 7% of them). The starters keep SFT's 1e-3;
+#: the larger sizes are SFT's rates, not measured for a cold start (benchmarks/RESULTS.md,
+#: "RL that moves real weights").
+COLD_START_LEARNING_RATE_BY_SIZE = ((10e6, 1e-3), (50e6, 5e-4), (300e6, 5e-4), (1e9, 5e-5))
+COLD_START_LARGE_MODEL_LEARNING_RATE = 2e-5
+
+
+def cold_start_learning_rate(settings: Any, parameters: int) -> float:
+    """``--cold-start-learning-rate``, else the rate for the model's size (table above)."""
+    return settings.cold_start_learning_rate or rate_for_size(
+        COLD_START_LEARNING_RATE_BY_SIZE, COLD_START_LARGE_MODEL_LEARNING_RATE, parameters)
 
 
 def cold_start_settings(settings: Any) -> SFTSettings:
@@ -66,8 +83,7 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     demos, report = gather_demos(context, sft)
     write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
     context.say(f"cold start: {report.describe()}")
-    learning_rate = (settings.cold_start_learning_rate
-                     or sft_default_learning_rate(parameter_count(context.policy.model)))
+    learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
     precision = precision_for(sft.precision, context.policy, say=context.say)
     context.say(f"cold start: SFT, {sft.steps} steps x {sft.batch_size} demonstrations, "
                 f"learning rate {learning_rate:g}, trainer in {precision.words()}")

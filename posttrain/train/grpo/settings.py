@@ -197,14 +197,15 @@ class GRPOSettings(RecipeSettings):
                   "choices": COLD_STARTS},
     )
     cold_start_steps: int = field(
-        default=60,
+        default=40,
         metadata={"help": "SFT steps of the cold start (8 demonstrations a step)",
                   "range": (None, 10_000_000)},
     )
     cold_start_learning_rate: float | None = field(
         default=None,
-        metadata={"help": "LoRA learning rate of the cold start (default: SFT's for the "
-                          "model's size)"},
+        metadata={"help": "LoRA learning rate of the cold start (default by model size: "
+                          "1e-3 up to 10M parameters, 5e-4 up to 300M, 5e-5 up to 1B, 2e-5 "
+                          "above)"},
     )
     reward: str | None = field(
         default=None,
