@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from posttrain.cli import main
 
 
@@ -69,3 +71,13 @@ def test_rollout_sampling_settings_are_checked(capsys, tmp_path):
     code, err = run_grpo(capsys, tmp_path, "--top-p", "1.5")
     assert code == 2 and "--top-p must be in (0, 1]" in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["posttrain.db", "posttrain.db-wal", "posttrain.db-shm",
+                                  "POSTTRAIN.DB-journal"])
+def test_a_run_named_after_the_stores_own_files_is_refused(capsys, tmp_path, name):
+    # a folder named posttrain.db-wal would sit where SQLite keeps the store's log
+    code, err = run_grpo(capsys, tmp_path, "--run-name", name)
+    assert code == 2 and "the run store's own file" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs" / name).is_dir()  # no run folder in the store's place

@@ -147,7 +147,7 @@ def test_run_names_in_urls_cannot_escape(server, path):
     assert status in (400, 404) and "error" in answer
 
 
-@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden"])
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "posttrain.db-wal"])
 def test_ingest_refuses_run_names_that_could_escape(server, name):
     status, answer = ingest(server, [{**CREATE, "run": name}])
     assert status == 400 and "run name" in answer["error"]["message"]

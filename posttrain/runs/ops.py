@@ -90,13 +90,22 @@ class StoreUnreachable(StoreUnavailable):
     """The store's database server does not answer (down, restarting, a lost connection)."""
 
 
+#: the default store's file under the runs folder (``posttrain.runs.store``)
+DB_FILENAME = "posttrain.db"
+#: names a run folder may not take: the store's file and SQLite's files beside it (a run
+#: named ``posttrain.db-wal`` would make a folder where SQLite keeps its write-ahead log)
+RESERVED_RUN_NAMES = frozenset(
+    DB_FILENAME + suffix for suffix in ("", "-wal", "-shm", "-journal"))
+
+
 def check_run_name(name: object) -> str:
     """Return ``name`` if it is a safe run name, else raise ``RunStoreError``.
 
     A run name becomes a folder name (``runs/<name>/``) and a URL segment, so it may only
     hold letters, digits, ``-``, ``_`` and ``.``, must not start with a dot (no hidden
     folders, no ``..``) and is at most 128 characters. ``../x``, ``a/b`` and ``.hidden``
-    are refused.
+    are refused, and so are the store's own files (``posttrain.db``, ``posttrain.db-wal``,
+    ...: ``RESERVED_RUN_NAMES``).
     """
     if not isinstance(name, str) or not name:
         raise RunStoreError(f"run name must be a non-empty string, got {name!r}")
@@ -107,6 +116,10 @@ def check_run_name(name: object) -> str:
             f"run name {name!r} is not allowed: use letters, digits, '-', '_' and '.', "
             "not starting with '.' (it becomes a folder name under the runs folder)"
         )
+    if name.lower() in RESERVED_RUN_NAMES:
+        raise RunStoreError(
+            f"run name {name!r} is not allowed: it is the run store's own file in the runs "
+            "folder; choose another name")
     return name
 
 

@@ -36,6 +36,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 from posttrain.runs.http_store import HttpRunStore, check_server_url
 from posttrain.runs.ops import (
+    DB_FILENAME,
     FINISH_STATUSES,
     HEARTBEAT_SECONDS,
     MAX_SAMPLE_ROWS,
@@ -67,7 +68,6 @@ __all__ = [
     "store_spec",
 ]
 
-DB_FILENAME = "posttrain.db"
 METRICS_FILENAME = "metrics.jsonl"
 SERVER_ENV = "POSTTRAIN_SERVER"
 TOKEN_ENV = "POSTTRAIN_TOKEN"
