@@ -153,3 +153,48 @@ def test_no_type_ignore_in_the_environments_or_at_the_hook_calls():
                for number, line in enumerate(path.read_text().splitlines(), 1)
                if "type: ignore" in line]
     assert flagged == []
+
+
+BROKEN_SCORE_ENV = '''
+import math
+from posttrain.envs.refund.env import RefundEnv
+
+
+class BrokenScore(RefundEnv):
+    answer = None
+
+    def score(self, reply, case):
+        if self.answer == "raise":
+            raise KeyError("order_id")
+        return self.answer
+
+
+NONE = BrokenScore()
+TEXT = BrokenScore()  # a frozen dataclass: answers set through object.__setattr__
+object.__setattr__(TEXT, "answer", "1")
+NAN = BrokenScore()
+object.__setattr__(NAN, "answer", math.nan)
+RAISES = BrokenScore()
+object.__setattr__(RAISES, "answer", "raise")
+'''
+
+
+@pytest.mark.parametrize("name, said", [
+    ("NONE", "returned None: a score must be a finite number"),
+    ("TEXT", "returned '1': a score must be a finite number"),
+    ("NAN", "returned nan: a score must be a finite number"),
+    ("RAISES", "raised KeyError: 'order_id'"),
+])
+def test_a_score_hook_that_returns_no_number_or_raises_is_one_line(tmp_path, monkeypatch,
+                                                                   capsys, name, said):
+    from posttrain.cli import main
+
+    (tmp_path / "broken_score.py").write_text(BROKEN_SCORE_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["eval", "--agent", "seeded", "--env", f"broken_score:{name}",
+                 "--prompts", "20"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]  # after the data's description
+    assert said in last and "the score of environment" in last and "on scenario" in last
+    assert "Traceback" not in err

@@ -19,14 +19,15 @@ values of the same policy are independent re-evaluations (what the noise band is
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.agents import BatchAgent, agent_identity, agent_sampling, stable_seed
-from posttrain.envs.base import Env, case_of, is_multi_turn, passes, reads_records
-from posttrain.errors import InputFileError
+from posttrain.envs.base import Env, case_of, env_label, is_multi_turn, passes, reads_records
+from posttrain.errors import InputFileError, PosttrainError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.score.episodes import play_episodes
 
@@ -56,6 +57,23 @@ def _judge_score(judge: Judge, reply: str, record: dict[str, Any]) -> float:
     return float(verdict)
 
 
+def rule_score(env: Env, reply: str, case: dict[str, Any], record: dict[str, Any]) -> float:
+    """The environment's score of one reply, checked: a finite number, or a
+    ``PosttrainError`` in one line naming the environment, the scenario and what came back
+    (a hook that returns None, a string or NaN, or raises, is the environment's bug, not a
+    reason for a traceback or a silent pass or fail)."""
+    where = f"the score of environment {env_label(env)} on scenario {record.get('scenario_id')!r}"
+    try:
+        value = env.score(reply, case)
+    except Exception as error:  # the user's hook: say which, in one line
+        raise PosttrainError(f"{where}, raised {type(error).__name__}: {error}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value):
+        raise PosttrainError(f"{where}, returned {value!r}: a score must be a finite number "
+                             "(1.0 or more passes)")
+    return float(value)
+
+
 def grade_replies(
     env: Env,
     requests: Sequence[tuple[dict[str, Any], int, int]],
@@ -75,7 +93,8 @@ def grade_replies(
     for index, ((record, sample, seed), reply) in enumerate(
             zip(requests, replies, strict=True)):
         case = case_of(env, record)
-        raw = _judge_score(judge, reply, record) if judge else env.score(reply, case)
+        raw = _judge_score(judge, reply, record) if judge else rule_score(env, reply, case,
+                                                                           record)
         rows.append(
             {
                 "prompt": record["prompt"],
