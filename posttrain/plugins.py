@@ -31,6 +31,11 @@ def load_object(target: str, flag: str, example: str) -> Any:
         module = _load_module(module_name)
     except FileNotFoundError:
         raise PosttrainError(f"{flag} {target!r}: no such file {module_name!r}") from None
+    except SystemExit as leaving:  # sys.exit() at import: not a reason to end quietly
+        raise PosttrainError(f"{flag} {target!r}: importing {module_name!r} called "
+                             f"sys.exit({leaving.code!r}); a module that defines an "
+                             "environment or a function must not exit when imported "
+                             "(guard script code with if __name__ == '__main__')") from None
     except Exception as error:  # the user's module: any import-time error is theirs
         raise PosttrainError(f"{flag} {target!r}: cannot import {module_name!r}: "
                              f"{type(error).__name__}: {error}") from error

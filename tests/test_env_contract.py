@@ -198,3 +198,16 @@ def test_a_score_hook_that_returns_no_number_or_raises_is_one_line(tmp_path, mon
     last = err.strip().splitlines()[-1]  # after the data's description
     assert said in last and "the score of environment" in last and "on scenario" in last
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("code", ["0", "3", "'bye'"])
+def test_an_environment_module_that_exits_at_import_is_one_line_not_a_quiet_end(
+        tmp_path, capsys, code):
+    from posttrain.cli import main
+
+    (tmp_path / "leaves.py").write_text(f"import sys\nsys.exit({code})\nENV = None\n")
+    status = main(["eval", "--agent", "seeded", "--env", f"{tmp_path / 'leaves.py'}:ENV"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert f"called sys.exit({code})" in err and "if __name__ == '__main__'" in err
+    assert len(err.strip().splitlines()) == 1
