@@ -246,6 +246,10 @@ def test_a_folder_that_is_no_run_is_never_deleted(tmp_path, capsys):
     try:
         status, answer = post(server, "/api/runs/src/delete", {})
         assert status == 404 and "is not a posttrain run" in answer["error"]["message"]
+        # a remote caller learns nothing of this machine's folders
+        assert str(tmp_path) not in answer["error"]["message"]
+        status, answer = post(server, "/api/runs/nosuch/delete", {})
+        assert status == 404 and answer["error"]["message"] == "no run named 'nosuch'"
     finally:
         server.shutdown()
         thread.join(timeout=10)

@@ -21,7 +21,12 @@ from posttrain.runs.sql_store import SqlRunStore
 
 
 class NoSuchRun(RunStoreError):
-    """Neither the store nor the runs folder has a run of that name."""
+    """Neither the store nor the runs folder has a run of that name. ``public``: the same
+    without this machine's paths, for a server's answer to a remote caller."""
+
+    def __init__(self, message: str, public: str) -> None:
+        super().__init__(message)
+        self.public = public
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,11 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
     if known is None and not is_run:
         if has_folder:
             raise NoSuchRun(f"{folder} is not a posttrain run (no record in {store.location}, no "
-                            "config.json naming a recipe): nothing was deleted")
-        raise NoSuchRun(f"no run named {name!r} in {store.location} or {runs_root}")
+                            "config.json naming a recipe): nothing was deleted",
+                            public=f"{name!r} is not a posttrain run (no record in the store, "
+                                   "no config.json naming a recipe): nothing was deleted")
+        raise NoSuchRun(f"no run named {name!r} in {store.location} or {runs_root}",
+                        public=f"no run named {name!r}")
     if is_run:
         try:
             if folder.is_symlink():  # remove the link, never what it points at

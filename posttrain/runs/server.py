@@ -175,8 +175,8 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         try:
             deleted = delete_run(store, server.runs_root, _run_name(request),
                                  force=payload.get("force", False), caller=request.caller)
-        except NoSuchRun as error:
-            raise HttpError(404, str(error)) from None
+        except NoSuchRun as error:  # without this machine's paths
+            raise HttpError(404, error.public) from None
         except RunStillAlive as error:
             raise HttpError(409, str(error)) from None
         except NotYours as error:
