@@ -25,9 +25,11 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 MIN_TOKEN_CHARS = 16
 
 
-def load_tokens(path: str | Path) -> dict[str, str]:
+def load_tokens(path: str | Path, admin_token: str | None = None) -> dict[str, str]:
     """The tokens file at ``path`` as ``{token: name}``; ``PosttrainError`` naming the file
-    and the entry for anything else (not JSON, a bad name, a short or repeated token)."""
+    and the entry for anything else (not JSON, a bad name, a short or repeated token, or
+    the administrator's ``--token``: whoever holds a person's token would otherwise
+    silently be the administrator)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -52,6 +54,11 @@ def load_tokens(path: str | Path) -> dict[str, str]:
         if token in by_token:
             raise PosttrainError(f"--tokens {path}: {name} and {by_token[token]} share a "
                                  f"token; give each their own")
+        if admin_token is not None and hmac.compare_digest(token.encode(),
+                                                           admin_token.encode()):
+            raise PosttrainError(f"--tokens {path}: {name}'s token is also the administrator's "
+                                 "--token, which may delete any run; give the administrator "
+                                 "a token of their own")
         by_token[token] = name
     return by_token
 

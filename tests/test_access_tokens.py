@@ -129,3 +129,19 @@ def test_ui_refuses_a_bad_tokens_file_before_serving(tmp_path, capsys):
     path = tokens_file(tmp_path, {"alice": "short"})
     assert main(["ui", "--runs-dir", str(tmp_path), "--port", "0", "--tokens", path]) == 2
     assert "at least 16 characters" in capsys.readouterr().err
+
+
+def test_a_persons_token_may_not_also_be_the_administrators(tmp_path, capsys):
+    shared = "tok-alice-0123456789"
+    path = tokens_file(tmp_path, {"alice": shared, "bob": "tok-bob-0123456789ab"})
+    assert load_tokens(path, admin_token="tok-admin-0123456789") == {
+        shared: "alice", "tok-bob-0123456789ab": "bob"}
+    with pytest.raises(PosttrainError, match="alice's token is also the administrator's"):
+        load_tokens(path, admin_token=shared)
+    # both servers refuse it before serving
+    assert main(["ui", "--runs-dir", str(tmp_path), "--port", "0", "--tokens", path,
+                 "--token", shared]) == 2
+    assert "is also the administrator's --token" in capsys.readouterr().err
+    assert main(["serve", "--base-model", "starter-2m", "--port", "0", "--tokens", path,
+                 "--token", shared, "--state-dir", str(tmp_path / "state")]) == 2
+    assert "is also the administrator's --token" in capsys.readouterr().err

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         token=settings.token,
-        tokens=load_tokens(settings.tokens) if settings.tokens else None,
+        tokens=(load_tokens(settings.tokens, admin_token=settings.token) if settings.tokens
+                else None),
         state_dir=settings.state_dir,
         verbose=not settings.quiet,
         torch_threads=settings.torch_threads,

@@ -78,7 +78,7 @@ def dashboard_url(host: str, port: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    tokens = load_tokens(args.tokens) if args.tokens else None
+    tokens = load_tokens(args.tokens, admin_token=token) if args.tokens else None
     if not is_loopback(args.host) and not token and not tokens:
         raise PosttrainError(
             f"--host {args.host} would let other machines write runs here without a token: "
