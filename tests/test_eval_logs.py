@@ -246,3 +246,38 @@ def test_two_lm_eval_sample_files_give_posttrains_paired_verdict(tmp_path, capsy
     lm_eval_run(tasks, "sums", tmp_path / "before", wrong_docs=set())
     assert main(["eval", "--compare", str(tmp_path / "before"), str(after)]) == 2
     assert "holds 2 sample files of task sums" in capsys.readouterr().err
+
+
+def lm_eval_samples(path: Path, values: list) -> Path:
+    """An lm-eval samples file written by hand: one document per value of ``acc``."""
+    path.write_text("".join(json.dumps({"doc_id": doc, "doc": {"q": f"q{doc}"}, "filter": "none",
+                                        "metrics": ["acc"], "acc": value}) + "\n"
+                            for doc, value in enumerate(values)))
+    return path
+
+
+@pytest.mark.parametrize("value, said", [
+    ("null", "expected a finite number (a per-document metric), got None"),
+    ('"yes"', "expected a finite number (a per-document metric), got 'yes'"),
+    ("NaN", "NaN is not a number JSON allows"),  # the JSONL reader refuses these
+    ("1e999", "does not fit a float"),
+])
+def test_a_per_document_value_that_is_no_finite_number_is_named(tmp_path, capsys, value,
+                                                                 said):
+    good = lm_eval_samples(tmp_path / "samples_t_2026-01-01T00-00-00.jsonl", [1, 0, 1, 0])
+    raw = good.read_text().splitlines()
+    raw[2] = raw[2].replace('"acc": 1', f'"acc": {value}')
+    bad = tmp_path / "samples_t_2026-01-02T00-00-00.jsonl"
+    bad.write_text("\n".join(raw) + "\n")
+    assert main(["eval", "--compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3" in err and said in err and "Traceback" not in err
+
+
+def test_a_document_counted_twice_is_refused_with_its_id(tmp_path, capsys):
+    good = lm_eval_samples(tmp_path / "samples_t_2026-01-01T00-00-00.jsonl", [1, 0, 1, 0])
+    twice = tmp_path / "samples_t_2026-01-02T00-00-00.jsonl"
+    twice.write_text(good.read_text() + good.read_text().splitlines()[1] + "\n")
+    assert main(["eval", "--compare", str(good), str(twice)]) == 2
+    err = capsys.readouterr().err
+    assert "document 1 appears twice (also line 2)" in err and f"{twice}:5" in err

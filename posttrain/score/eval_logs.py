@@ -25,6 +25,7 @@ different tasks, sample sets that barely overlap), or None.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,13 +149,23 @@ def _inspect_log(path: Path, score: str | None) -> ComparedRows:
     if len(scorers) > 1 and score is None:
         notes.append(f"{path}: reward from scorer {chosen} (the first of {', '.join(scorers)}; "
                      "pick another with --score)")
-    rows, errored = [], 0
+    rows, errored, not_numbers = [], 0, 0
+    seen: set[tuple[str, int]] = set()
     for sample in log.samples:
-        values = {name: _inspect_value(as_float(value.value))
-                  for name, value in (sample.scores or {}).items()}
+        key = (str(sample.id), int(sample.epoch))
+        if key in seen:
+            raise InputFileError(str(path), None, None,
+                                 f"sample {key[0]!r} (epoch {key[1]}) appears twice: a sample "
+                                 "is counted once")
+        seen.add(key)
+        values = {name: as_float(value.value) for name, value in (sample.scores or {}).items()}
         if chosen not in values:
             errored += 1
             continue
+        if not math.isfinite(values[chosen]):
+            not_numbers += 1
+            continue
+        values = {name: value for name, value in values.items() if math.isfinite(value)}
         metadata = sample.metadata or {}
         category = metadata.get("category")
         rows.append(_row(str(sample.id), sample.epoch - 1,
@@ -164,6 +175,9 @@ def _inspect_log(path: Path, score: str | None) -> ComparedRows:
     if errored:
         notes.append(f"{path}: {errored} sample(s) without a {chosen} score (errored or "
                      "unscored) were left out")
+    if not_numbers:
+        notes.append(f"{path}: {not_numbers} sample(s) whose {chosen} score is not a finite "
+                     "number (NaN or infinity) were left out")
     if not rows:
         raise InputFileError(str(path), None, None, f"no sample has a {chosen} score")
     return ComparedRows(str(path), INSPECT_LOG, rows, (task,), chosen, notes)
@@ -175,10 +189,6 @@ def _scorer_names(samples: list[Any]) -> list[str]:
         for name in sample.scores or {}:
             names.setdefault(name, None)
     return list(names)
-
-
-def _inspect_value(value: float) -> float:
-    return value if value == value else 0.0
 
 
 def _input_text(value: Any) -> str:
@@ -237,6 +247,7 @@ def _lm_eval_files(paths: list[Path], score: str | None, where: str) -> Compared
         metric, chosen_filter = _lm_eval_choice(lines, score, path)
         chosen_names.add(f"{metric},{chosen_filter}")
         file_rows = []
+        seen: dict[Any, int] = {}  # doc_id -> the line it was read on
         for line_number, item in lines:
             if item.get("filter", "none") != chosen_filter:
                 continue
@@ -249,7 +260,13 @@ def _lm_eval_files(paths: list[Path], score: str | None, where: str) -> Compared
             value = _metric_value(item[metric])
             if value is None:
                 raise InputFileError(str(path), line_number, metric,
-                                     "expected a number (a per-document metric)")
+                                     f"expected a finite number (a per-document metric), got "
+                                     f"{item[metric]!r}")
+            if item["doc_id"] in seen:
+                raise InputFileError(str(path), line_number, "doc_id",
+                                     f"document {item['doc_id']!r} appears twice (also line "
+                                     f"{seen[item['doc_id']]}): a document is counted once")
+            seen[item["doc_id"]] = line_number
             doc = item.get("doc") if isinstance(item.get("doc"), dict) else {}
             category = doc.get("category")
             file_rows.append(_row(f"{task}/{item['doc_id']}", 0,
@@ -280,9 +297,11 @@ def _lm_eval_choice(lines: list[tuple[int, dict[str, Any]]], score: str | None,
 
 
 def _metric_value(value: Any) -> float | None:
+    """A per-document value as a float; None for anything that is not a finite number
+    (NaN and infinity would otherwise read as a fail or a pass)."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)) and value == value:
+    if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
     return None
 
