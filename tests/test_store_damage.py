@@ -184,3 +184,32 @@ def test_any_damage_is_a_store_error_or_a_readable_store(tmp_path_factory, cuts,
 
 
 _HEALTHY: bytes | None = None
+
+
+@pytest.mark.parametrize("config, summary", [
+    ("[1, 2, 3]", '"done"'), ("null", "42"), ("{not json", "[]")])
+def test_one_hostile_row_in_a_shared_store_breaks_no_list_and_no_page(tmp_path, capsys,
+                                                                      config, summary):
+    # a shared store (PostgreSQL, the same SQL code) may hold anything another program wrote
+    healthy_store(tmp_path, runs=2)
+    with sqlite3.connect(tmp_path / "posttrain.db") as db:
+        db.execute("UPDATE runs SET config = ?, summary = ? WHERE name = 'r1'",
+                   (config, summary))
+        db.execute("UPDATE alarms SET details = ?", (config,))
+    db.close()
+    with SqliteRunStore(tmp_path / "posttrain.db") as store:
+        listed = {run["name"]: run for run in store.list_runs()}
+        assert set(listed) == {"r0", "r1"} and listed["r1"]["base_model"] is None
+        page = store.get_run("r1")
+        assert page["config"] == {} and page["summary"] == {}
+    assert main(["runs", "list", "--runs-dir", str(tmp_path)]) == 0
+    assert "r1" in capsys.readouterr().out
+    server = serve(tmp_path / "posttrain.db", port=0)
+    start_in_thread(server)
+    try:
+        assert get(server, "/api/runs")[0] == 200
+        status, body = get(server, "/api/runs/r1")
+        assert status == 200 and body["config"] == {}
+    finally:
+        server.shutdown()
+        server.server_close()

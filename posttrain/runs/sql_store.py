@@ -48,6 +48,18 @@ def base_model(config: dict[str, Any]) -> str | None:
     return None
 
 
+def stored_object(text: Any) -> dict[str, Any]:
+    """A run's stored config, summary or alarm details as a dict. A shared store (a
+    PostgreSQL database other programs write to) may hold anything in those columns: a row
+    whose value is not a JSON object reads as an empty one, so one hostile row cannot break
+    the run list or a run's page for everyone."""
+    try:
+        value = json.loads(text) if isinstance(text, (str, bytes)) else text
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _verdict(summary: dict[str, Any]) -> str | None:
     delta = summary.get("delta")
     verdict = delta.get("verdict") if isinstance(delta, dict) else summary.get("verdict")
@@ -170,7 +182,7 @@ class SqlRunStore(OpWriter):
         now = time.time()
         for (name, status, config, summary, started, updated, finished, step, total, eta,
              owner) in rows:
-            config, summary = json.loads(config), json.loads(summary)
+            config, summary = stored_object(config), stored_object(summary)
             runs.append({
                 "owner": owner,
                 "name": name, "status": self._status(status, updated, now),
@@ -202,14 +214,14 @@ class SqlRunStore(OpWriter):
         return {
             "name": name, "owner": owner,
             "status": self._status(status, updated, time.time()),
-            "config": json.loads(config),
-            "summary": json.loads(summary), "started": started, "updated": updated,
+            "config": stored_object(config),
+            "summary": stored_object(summary), "started": started, "updated": updated,
             "finished": finished,
             "progress": {"step": step, "total": total, "eta": eta},
             "notes": [{"step": s, "time": t, "text": text} for s, t, text in notes],
             "alarms": [
                 {"kind": kind, "step": s, "time": t, "message": message,
-                 "details": json.loads(details)}
+                 "details": stored_object(details)}
                 for kind, s, t, message, details in alarms
             ],
             "metric_names": names,
