@@ -55,6 +55,16 @@ def test_a_reward_function_must_return_a_finite_number(bad):
         rubric.score("x", {})
 
 
+def test_a_reward_function_that_raises_is_one_line_naming_it():
+    def broken(reply, case):
+        return case["order_id"]  # a KeyError on a case without one
+
+    rubric = training_rubric(REFUND, broken)
+    with pytest.raises(PosttrainError, match="the training reward raised KeyError on a "
+                                             "reply: 'order_id'"):
+        rubric.score("x", {})
+
+
 def test_a_rubric_needs_a_term_and_finite_weights():
     with pytest.raises(ValueError, match="at least one"):
         Rubric(())

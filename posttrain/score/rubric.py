@@ -68,7 +68,7 @@ class Rubric:
     def term_values(self, reply: str, case: dict[str, Any]) -> dict[str, float]:
         """Each term's value (before its weight), by name. Raises ``PosttrainError`` when
         a function returns anything but a finite number."""
-        return {term.name: _checked(term, term.function(reply, case)) for term in self.terms}
+        return {term.name: _checked(term, _called(term, reply, case)) for term in self.terms}
 
     def score(self, reply: str, case: dict[str, Any]) -> float:
         """The reward of one reply: the weighted sum of the terms' values (a single term at
@@ -77,6 +77,19 @@ class Rubric:
         if len(self.terms) == 1 and self.terms[0].weight == 1.0:
             return values[self.terms[0].name]
         return sum(term.weight * values[term.name] for term in self.terms)
+
+
+def _called(term: RewardTerm, reply: str, case: dict[str, Any]) -> Any:
+    """The term's function on one reply; what it raises becomes one line naming it."""
+    try:
+        return term.function(reply, case)
+    except PosttrainError:
+        raise
+    except Exception as error:  # the user's reward function: say which, in one line
+        what = "the training reward" + ("" if term.name in ("rule", "reward")
+                                        else f" ({term.name})")
+        raise PosttrainError(f"{what} raised {type(error).__name__} on a reply: {error}"
+                             ) from None
 
 
 def _checked(term: RewardTerm, value: Any) -> float:
