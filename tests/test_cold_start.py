@@ -134,6 +134,11 @@ def test_a_cold_started_run_reports_each_phase(starter_2m_folder, tmp_path, caps
     assert phases["rl"]["verdict"] == summary["verdict"]
     assert {"cold_start", "whole_run", "base"} <= set(phases)
     cold_rows = [json.loads(line) for line in (folder / "holdout_cold_start.jsonl").open()]
+    # the base is evaluated once (the cold start decided on it), the cold-started policy,
+    # RL's baseline, --eval-repeats times (its noise band is the RL verdict's)
+    base_rows = [json.loads(line) for line in (folder / "holdout_before.jsonl").open()]
+    assert {row["eval_run"] for row in base_rows} == {0}
+    assert {row["eval_run"] for row in cold_rows} == {0, 1}
     assert summary["before"]["pass_at_1"] == pytest.approx(
         sum(row["reward"] for row in cold_rows) / len(cold_rows), abs=0.2)
     assert (folder / "merged" / "config.json").is_file()

@@ -97,3 +97,114 @@ def test_a_real_grpo_run_counts_dead_groups_and_alarms_when_all_are_dead(
     [alarm] = [a for a in dead["alarms"] if a["kind"] == "no_signal"]
     assert alarm["step"] == 5 and "teach nothing" in alarm["message"]
     assert "Learning signal" in (tmp_path / "runs" / "all-dead" / "report.md").read_text()
+
+
+class Rows:
+    """What SignalWatch reads of the reward: every row scored so far, in order."""
+
+    def __init__(self):
+        self.history = []
+
+    def step(self, passed, failed=0, custom=False):
+        for ok in [True] * passed + [False] * failed:
+            row = {"score": 1.0 if ok else 0.3}
+            if custom:  # trained on --reward: the rule's own score is the pass
+                row = {"score": 0.5, "rule_score": row["score"]}
+            self.history.append(row)
+
+
+def stop_run(steps):
+    """Feed (dead share, passed, failed) steps; the step training stopped after, or None."""
+    reward = Rows()
+    watch = SignalWatch(Recorder(), reward=reward, stop_when_solved=3)
+    for number, (share, passed, failed) in enumerate(steps, start=1):
+        reward.step(passed, failed)
+        control = SimpleNamespace(should_training_stop=False)
+        watch.on_log(None, SimpleNamespace(global_step=number), control,
+                     logs={"frac_reward_zero_std": share, "reward": 1.0})
+        if control.should_training_stop:
+            return number, watch
+    return None, watch
+
+
+def test_three_solved_steps_in_a_row_end_training_after_the_third():
+    stopped, watch = stop_run([(0.5, 6, 2), (1.0, 8, 0), (1.0, 8, 0), (0.75, 7, 1),
+                               (1.0, 8, 0), (1.0, 8, 0), (1.0, 8, 0), (1.0, 8, 0)])
+    assert stopped == 7  # the streak broken at step 4 starts again at 5
+    assert watch.summary()["solved_at"] == 7
+    line = watch.stop_line(40)
+    assert line.startswith("training: stopped after step 7 of 40: every completion of the "
+                           "last 3 steps passed the rule")
+    assert watch.stop_line(7) is None  # the run's last step anyway: nothing to say
+
+
+def test_dead_groups_that_fail_or_a_step_with_no_rows_do_not_count_as_solved():
+    # every group alike, but alike at failing: stuck, not solved (the no-signal alarm's case)
+    assert stop_run([(1.0, 0, 8)] * 6)[0] is None
+    # one failing completion in an otherwise dead step breaks the streak
+    assert stop_run([(1.0, 8, 0), (1.0, 8, 0), (1.0, 7, 1), (1.0, 8, 0), (1.0, 8, 0)])[0] \
+        is None
+    # a step that scored nothing here neither counts nor breaks the streak
+    stopped, _ = stop_run([(1.0, 8, 0), (1.0, 0, 0), (1.0, 8, 0), (1.0, 8, 0)])
+    assert stopped == 4
+
+
+def test_under_another_reward_the_rules_own_score_says_solved_and_zero_turns_it_off():
+    reward = Rows()
+    watch = SignalWatch(Recorder(), reward=reward, stop_when_solved=2)
+    stops = []
+    for number in (1, 2):
+        reward.step(8, custom=True)
+        control = SimpleNamespace(should_training_stop=False)
+        watch.on_log(None, SimpleNamespace(global_step=number), control,
+                     logs={"frac_reward_zero_std": 1.0})
+        stops.append(control.should_training_stop)
+    assert stops == [False, True]
+    off = SignalWatch(Recorder(), reward=reward, stop_when_solved=0)
+    control = SimpleNamespace(should_training_stop=False)
+    for number in range(1, 6):
+        reward.step(8)
+        off.on_log(None, SimpleNamespace(global_step=number), control,
+                   logs={"frac_reward_zero_std": 1.0})
+    assert not control.should_training_stop and off.stopped_at is None
+
+
+LENIENT_ENV = '''
+from posttrain.envs.refund.env import RefundEnv
+
+
+class Lenient(RefundEnv):
+    """Every reply passes: from the first step there is nothing left to learn."""
+
+    name = "lenient"
+
+    def score(self, reply, case):
+        return 1.0
+
+
+ENV = Lenient()
+'''
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_reply_passes_stops_when_solved(starter_2m_folder, tmp_path,
+                                                          monkeypatch, capsys):
+    import json
+
+    from posttrain.cli import main
+
+    (tmp_path / "lenient_env.py").write_text(LENIENT_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--env", "lenient_env:ENV", "--base-model", "starter-2m",
+                 "--prompts", "40", "--eval-samples", "1", "--eval-repeats", "1",
+                 "--monitor-every", "0", "--num-generations", "4", "--steps", "6",
+                 "--stop-when-solved", "2", "--runs-dir", str(runs), "--run-name", "solved"])
+    assert code in (0, 1)
+    out = capsys.readouterr().out
+    summary = json.loads((runs / "solved" / "summary.json").read_text())
+    assert summary["status"] == "done"
+    assert summary["signal"]["solved_at"] == 2 and summary["signal"]["steps"] == 2
+    assert "training: stopped after step 2 of 6" in out
+    config = json.loads((runs / "solved" / "config.json").read_text())
+    assert config["settings"]["stop_when_solved"] == 2

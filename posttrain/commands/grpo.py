@@ -11,7 +11,9 @@ from posttrain.train.grpo.settings import GRPOSettings
 DESCRIPTION = """\
 GRPO on one testable rule, end to end: write the prompts (or read --prompts-file),
 hold out 20% of scenarios, evaluate the base policy on the holdout (--eval-repeats
-times, for the noise band), train a LoRA adapter with TRL's GRPOTrainer against the
+times, for the noise band), cold-start it with SFT on the reference agent's replies when
+it gives RL nothing to reinforce (--cold-start; the base is then evaluated once and the
+cold-started policy --eval-repeats times), train a LoRA adapter with TRL's GRPOTrainer against the
 environment's rule reward, evaluate again on the same holdout, and print the paired
 delta with its interval and verdict, the guard check and the table by category.
 Everything lands in <runs>/<run-name>/ (config.json, summary.json, holdout rows,

@@ -38,18 +38,23 @@ def evaluate(
     samples: int = 4,
     seed: int = 0,
     repeats: int = 1,
+    first_repeat: int = 0,
     label: str = "evaluating",
     show_progress: bool = True,
 ) -> Evaluation:
-    """Grade ``samples`` replies per prompt, ``repeats`` times with different seeds."""
+    """Grade ``samples`` replies per prompt, ``repeats`` times with different seeds:
+    evaluation runs ``first_repeat`` .. ``first_repeat + repeats - 1``, so the repeats of
+    one policy can be taken in two calls and read the same as in one."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if first_repeat < 0:
+        raise ValueError(f"first_repeat must be at least 0, got {first_repeat}")
     started = time.monotonic()
     per_run = len(prompts) * samples
     runs = []
     with progress_bar(label, per_run * repeats, enabled=show_progress) as update:
-        for eval_run in range(repeats):
-            done_before = eval_run * per_run
+        for index, eval_run in enumerate(range(first_repeat, first_repeat + repeats)):
+            done_before = index * per_run
             runs.append(
                 grade(
                     env,

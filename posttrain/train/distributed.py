@@ -106,6 +106,18 @@ def agree(ranks: Ranks, error: BaseException | None) -> None:
         raise PosttrainError(f"rank {rank} stopped: {text}")
 
 
+def all_true(flag: bool, ranks: Ranks) -> bool:
+    """True on every rank when ``flag`` is true on every rank (a decision every process
+    must take the same way, such as ending training)."""
+    if not ranks.distributed:
+        return flag
+    import torch.distributed as dist
+
+    flags: list[Any] = [None] * ranks.world
+    dist.all_gather_object(flags, bool(flag))
+    return all(flags)
+
+
 def barrier(ranks: Ranks) -> None:
     if ranks.distributed:
         import torch.distributed as dist

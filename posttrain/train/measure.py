@@ -41,6 +41,11 @@ class PolicyEvaluation:
     def pass_at(self, seed: int = 0) -> PassAt:
         return pass_at(self.rows, seed=seed)
 
+    def joined(self, more: PolicyEvaluation) -> PolicyEvaluation:
+        """This policy's evaluations followed by ``more`` of its later repeats."""
+        return PolicyEvaluation(runs=[*self.runs, *more.runs],
+                                seconds=self.seconds + more.seconds)
+
     def describe(self) -> str:
         line = str(self.pass_at())
         if len(self.runs) > 1:
@@ -69,9 +74,11 @@ def evaluation_agent(settings: Any, policy: Policy, params: SamplingParams) -> A
 
 
 def evaluate_policy(
-    context: RecipeContext, policy: Policy, *, repeats: int, label: str
+    context: RecipeContext, policy: Policy, *, repeats: int, label: str,
+    first_repeat: int = 0,
 ) -> PolicyEvaluation:
-    """Sample ``eval_samples`` replies per holdout prompt, ``repeats`` times (seeded).
+    """Sample ``eval_samples`` replies per holdout prompt, ``repeats`` times (seeded; the
+    evaluation runs from ``first_repeat`` on, see ``posttrain.score.evaluate``).
 
     Launched as several processes, each samples its share of the prompts and the rows are
     gathered back in the holdout's order on every process (``posttrain.train.distributed``).
@@ -93,6 +100,7 @@ def evaluate_policy(
             samples=settings.eval_samples,
             seed=settings.eval_seed,
             repeats=repeats,
+            first_repeat=first_repeat,
             label=label,
             show_progress=ranks.is_main,
         )

@@ -19,7 +19,9 @@ Every recipe's ``run_<name>`` reads the same way (``run_grpo`` in ``train/grpo/t
 2. **load**: the base policy (``--from-run``'s adapter merged in), the learning rate for
    its size, the run folder, ``config.json`` and the run in the store.
 3. **baseline**: the base policy on the holdout, ``eval_repeats`` times (the noise band),
-   and the audit of the training reward on those rows (``posttrain.score.audit``).
+   and the audit of the training reward on those rows (``posttrain.score.audit``). GRPO
+   takes the first evaluation alone, decides whether a cold start runs, and takes the
+   other repeats only when none does (a cold-started policy is RL's baseline then).
 4. **train**: the recipe's own step (``train_grpo``, ``train_dpo``, ``train_sft``), called
    directly by the recipe with its typed settings (the same object as ``context.settings``,
    handed over so the step's signature says what it reads), with progress and monitoring.
@@ -280,15 +282,31 @@ def load_base_policy(settings: RecipeSettings, root: Path) -> tuple[Policy, str 
 
 
 def baseline(context: RecipeContext[Any]) -> PolicyEvaluation:
-    """Phase 3: the base policy on the holdout ``eval_repeats`` times (its rows in
-    ``holdout_before.jsonl`` and ``context.before_rows``), then the training reward's
-    audit on those rows, said and noted in the run."""
+    """Phase 3: the base policy on the holdout ``eval_repeats`` times, then settled
+    (``settle_baseline``)."""
+    return settle_baseline(context, evaluate_base(context, context.settings.eval_repeats))
+
+
+def evaluate_base(context: RecipeContext[Any], repeats: int, *,
+                  first_repeat: int = 0) -> PolicyEvaluation:
+    """The base policy's evaluations ``first_repeat`` .. ``first_repeat + repeats - 1``
+    of the holdout (a recipe may take its repeats in two parts: GRPO reads the first
+    before it decides whether a cold start makes the base's noise band moot), timed into
+    ``before_eval_s``."""
     mark = time.monotonic()
-    before = evaluate_policy(context, context.policy, repeats=context.settings.eval_repeats,
-                             label="before: evaluating holdout")
+    before = evaluate_policy(context, context.policy, repeats=repeats,
+                             first_repeat=first_repeat, label="before: evaluating holdout")
+    context.timings["before_eval_s"] = (context.timings.get("before_eval_s", 0.0)
+                                        + time.monotonic() - mark)
+    return before
+
+
+def settle_baseline(context: RecipeContext[Any], before: PolicyEvaluation) -> PolicyEvaluation:
+    """The base policy's rows kept (``holdout_before.jsonl`` and ``context.before_rows``)
+    and said, then the training reward's audit on those rows, said and noted in the run,
+    and the guards those rows allow."""
     context.before_rows = before.rows
     context.folder.write_rows("holdout_before.jsonl", before.rows)
-    context.timings["before_eval_s"] = time.monotonic() - mark
     context.say(f"before  {before.describe()}")
     audit = context.audit = audit_training_reward(context)
     context.say(audit.format())

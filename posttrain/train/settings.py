@@ -138,7 +138,9 @@ class RecipeSettings(DataFlags):
     )
     eval_repeats: int = field(
         default=2,
-        metadata={"help": "base-policy evaluations with different sampling seeds (noise band)",
+        metadata={"help": "evaluations of RL's baseline with different sampling seeds (noise "
+                  "band): the base policy's, or with a GRPO cold start the cold-started "
+                  "policy's (the base is then evaluated once)",
                   "range": (None, 100)},
     )
     eval_temperature: float = field(

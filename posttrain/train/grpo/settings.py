@@ -108,6 +108,14 @@ class GRPOSettings(RecipeSettings):
                           f"{MULTI_TURN_COMPLETION_LENGTH} for a multi-turn environment)",
                   "range": (None, 1_000_000)},
     )
+    stop_when_solved: int = field(
+        default=5,
+        metadata={"help": "end training after this many steps in a row in which every "
+                          "completion passed the rule and every group scored alike: no "
+                          "advantage is left, and further steps would only pull the policy "
+                          "back toward the reference (0: always run --steps)",
+                  "range": (None, 10_000_000), "metavar": "STEPS"},
+    )
     monitor_every: int = field(
         default=10,
         metadata={"help": "steps between hack-monitor samples of the holdout (0: off)",
@@ -319,6 +327,9 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
                              f"divide the step's {batch} completions (--batch-size)")
     if settings.monitor_every < 0:
         raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
+    if settings.stop_when_solved < 0:
+        raise PosttrainError(
+            f"--stop-when-solved must be >= 0 (0: never), got {settings.stop_when_solved}")
     if settings.gold_endpoint:
         if settings.monitor_every == 0:
             raise PosttrainError("--gold-endpoint judges the hack monitor's checks; it needs "

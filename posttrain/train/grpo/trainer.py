@@ -148,7 +148,8 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
     and the hack monitor; the adapter saved; what the run measured about its steps."""
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
-    signal_watch = SignalWatch(context.run)
+    signal_watch = SignalWatch(context.run, reward=reward,
+                               stop_when_solved=settings.stop_when_solved, ranks=context.ranks)
     main = context.ranks.is_main
     callbacks: list[Any] = [store_callback, ConsoleProgress("training", enabled=main),
                             signal_watch]
@@ -203,6 +204,10 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
     )
     trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
+    stop_line = signal_watch.stop_line(settings.steps)
+    if stop_line:
+        context.say(stop_line)
+        context.run.note(stop_line)
     signal_line = signal_watch.describe()
     if signal_line:
         context.say(signal_line)
@@ -239,10 +244,18 @@ def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
     prepared = recipe.prepare("grpo", settings, say=say)
     context = recipe.load(prepared)
     with recipe.finishing(context) as measured:
-        measured.before = recipe.baseline(context)
-        # GRPO's own first phase when the base gives RL nothing to learn from
-        choice = choose_cold_start(settings.cold_start, context.env, measured.before.rows,
+        # the base's first evaluation decides the cold start; its other repeats (the noise
+        # band of RL's baseline) only matter when the base stays RL's baseline
+        before = recipe.evaluate_base(context, 1)
+        choice = choose_cold_start(settings.cold_start, context.env, before.rows,
                                    from_run=settings.from_run)
+        if not choice.run and settings.eval_repeats > 1:
+            before = before.joined(recipe.evaluate_base(context, settings.eval_repeats - 1,
+                                                        first_repeat=1))
+            choice = choose_cold_start(settings.cold_start, context.env, before.rows,
+                                       from_run=settings.from_run)
+        measured.before = recipe.settle_baseline(context, before)
+        # GRPO's own first phase when the base gives RL nothing to learn from
         context.say(f"cold start: {choice.reason}")
         measured.notes["cold_start"] = choice.to_dict()
         recipe.record_in_config(context, "cold_start", choice.to_dict())
