@@ -176,6 +176,9 @@ def check_world(settings: RecipeSettings, ranks: Ranks) -> None:
     if settings.stops_on_alarms():
         raise PosttrainError("--stop-on is not available with several processes yet: the "
                              "alarm is raised on the main process only; leave it out")
+    reason = settings.one_process_only()
+    if reason:
+        raise PosttrainError(reason)
 
 
 # -- 2. load -----------------------------------------------------------------------------

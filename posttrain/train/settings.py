@@ -246,6 +246,10 @@ class RecipeSettings(DataFlags):
         """Whether an alarm may end the run (``--stop-on``; only GRPO watches a run)."""
         return False
 
+    def one_process_only(self) -> str | None:
+        """Why these settings need a launch of one process (None when they do not)."""
+        return None
+
     def trainer_output_dir(self, run_folder: Any) -> str | None:
         """Where the trainer writes: the run folder's ``trainer/`` when a tracker is on (its
         event files belong with the run), else None (a temporary folder)."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from posttrain.data.prepare import PreparedData
 from posttrain.envs import DEFAULT_ENV
-from posttrain.envs.base import Env
+from posttrain.envs.base import Env, is_multi_turn
 from posttrain.errors import PosttrainError
 from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
@@ -174,6 +174,15 @@ class GRPOSettings(RecipeSettings):
                           "else the whole step (the embedded starters)",
                   "metavar": "N"},
     )
+    resample_dead_groups: int = field(
+        default=0,
+        metadata={"help": "dynamic sampling: draw a group whose replies all scored the same "
+                          "(no advantage) again with fresh seeds, up to this many times, "
+                          "keeping the first draw whose replies differ (DAPO's idea within a "
+                          "budget; inside posttrain's rollout, one process, single-turn "
+                          "environments; 0: off)",
+                  "range": (None, 64), "metavar": "ROUNDS"},
+    )
     rollout: str = field(
         default="auto",
         metadata={"help": "what samples the training rollouts: trl (TRL's generate), "
@@ -267,6 +276,16 @@ class GRPOSettings(RecipeSettings):
 
     def check_env(self, env: Env) -> None:
         check_cold_start(self.cold_start, env)
+        if self.resample_dead_groups and is_multi_turn(env):
+            raise PosttrainError(
+                f"--resample-dead-groups redraws single replies in posttrain's rollout and "
+                f"{env.name!r} plays episodes through TRL's tool loop: leave it at 0")
+
+    def one_process_only(self) -> str | None:
+        if self.resample_dead_groups:
+            return ("--resample-dead-groups reads whole groups in one process's rollout (under "
+                    "several processes a group spans them): leave it at 0")
+        return None
 
     def training_reward(self) -> str | None:
         return self.reward
@@ -327,6 +346,12 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
                              f"divide the step's {batch} completions (--batch-size)")
     if settings.monitor_every < 0:
         raise PosttrainError(f"--monitor-every must be >= 0, got {settings.monitor_every}")
+    if settings.resample_dead_groups < 0:
+        raise PosttrainError(f"--resample-dead-groups must be >= 0 (0: off), got "
+                             f"{settings.resample_dead_groups}")
+    if settings.resample_dead_groups and (settings.rollout == "trl" or settings.use_vllm):
+        raise PosttrainError("--resample-dead-groups redraws inside posttrain's rollout: use "
+                             "--rollout auto or posttrain, without --use-vllm")
     if settings.stop_when_solved < 0:
         raise PosttrainError(
             f"--stop-when-solved must be >= 0 (0: never), got {settings.stop_when_solved}")

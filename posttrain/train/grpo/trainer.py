@@ -22,7 +22,12 @@ from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.grpo.cold_start import run_cold_start
 from posttrain.train.grpo.cold_start_choice import choose_cold_start
 from posttrain.train.grpo.monitor import HackMonitor, MonitorSettings
-from posttrain.train.grpo.rollout import RolloutChoice, choose_rollout, posttrain_rollout
+from posttrain.train.grpo.rollout import (
+    DeadGroupRedraw,
+    RolloutChoice,
+    choose_rollout,
+    posttrain_rollout,
+)
 from posttrain.train.grpo.settings import (
     GRPOSettings,
     gold_judge,
@@ -76,11 +81,13 @@ def build_grpo_trainer(
     rollout: RolloutChoice | None = None,
     precision: PrecisionChoice | None = None,
     shared_prefix: SharedPrefixChoice | None = None,
+    redraw: DeadGroupRedraw | None = None,
 ) -> Any:
     """A ready-to-train ``trl.GRPOTrainer`` with a fresh LoRA adapter on ``policy.model``;
     ``rollout`` says what samples its completions (TRL's generate by default),
     ``shared_prefix`` whether its update runs the prompts' shared head once per pass
-    (``posttrain.train.grpo.shared_prefix``; off by default)."""
+    (``posttrain.train.grpo.shared_prefix``; off by default), ``redraw`` whether
+    posttrain's rollout draws dead groups again (``--resample-dead-groups``)."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -97,7 +104,7 @@ def build_grpo_trainer(
         episode_kwargs["rollout_func"] = posttrain_rollout(
             policy, temperature=settings.temperature, top_p=settings.top_p,
             max_completion_length=settings.completion_budget(), seed=settings.seed,
-            batch_size=default_batch_size(policy))
+            batch_size=default_batch_size(policy), redraw=redraw)
     with quiet_transformers_warnings():  # the config itself warns about checkpointing
         config = GRPOConfig(
             **grpo_config_kwargs(settings, learning_rate, output_dir, policy.device,
@@ -176,7 +183,11 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
         callbacks.append(monitor)
     rollout = choose_rollout(settings.rollout, use_vllm=settings.use_vllm,
                              multi_turn=is_multi_turn(context.env),
-                             large_model=is_large_model(context.policy))
+                             large_model=is_large_model(context.policy),
+                             redraws=settings.resample_dead_groups > 0)
+    redraw = (DeadGroupRedraw.for_run(settings.resample_dead_groups, context.env,
+                                      context.data.train, reward.score_reply)
+              if settings.resample_dead_groups else None)
     context.say(
         f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
@@ -201,6 +212,7 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
         rollout=rollout,
         precision=precision,
         shared_prefix=shared_prefix,
+        redraw=redraw,
     )
     trained = train_and_save(trainer, context)
     stopped_by = monitor.stopped_by if monitor else None
@@ -211,6 +223,8 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
     signal_line = signal_watch.describe()
     if signal_line:
         context.say(signal_line)
+    if redraw is not None:
+        context.say(redraw.count.words())
     share = generation_share(trainer.state.log_history)
     if share is not None:
         context.say(f"generation took {share:.0%} of the training steps' time"
@@ -229,7 +243,8 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> 
          "step_phases": shares,
          "rollout": {"sampler": rollout.name, "reason": rollout.reason},
          "precision": precision.to_dict(),
-         "shared_prefix": {"on": shared_prefix.on, "reason": shared_prefix.reason}},
+         "shared_prefix": {"on": shared_prefix.on, "reason": shared_prefix.reason},
+         "dynamic_sampling": redraw.count.to_dict() if redraw is not None else None},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
     )
