@@ -86,6 +86,11 @@ class Caller:
 
     def may_delete(self, owner: str | None) -> bool:
         """May this caller delete something ``owner`` created?"""
+        return self.may_change(owner)
+
+    def may_change(self, owner: str | None) -> bool:
+        """May this caller write to, replace or delete something ``owner`` created? Only
+        the administrator, or the name that created it."""
         return not self.restricted or owner == self.name
 
 

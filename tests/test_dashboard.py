@@ -557,6 +557,7 @@ def test_a_lost_run_reads_lost_and_the_delete_button_removes_it(browser, runs_di
     store.log_metrics("killed", 3, {"loss": 1.0}, timestamp=time.time() - 3500)
     store.create_run("alive", {})
     (runs_dir / "killed").mkdir()
+    (runs_dir / "killed" / "config.json").write_text('{"recipe": "grpo", "settings": {}}')
     store.close()
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()

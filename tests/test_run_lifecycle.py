@@ -87,6 +87,16 @@ def test_a_sigkilled_training_process_leaves_a_run_that_reads_lost(tmp_path):
     store.close()
 
 
+RUN_CONFIG = '{"recipe": "grpo", "settings": {}}'
+
+
+def run_folder(path):
+    """A folder as a run makes it: its config.json names a recipe (what makes it deletable)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(RUN_CONFIG)
+    return path
+
+
 def stale_run(store: SqliteRunStore, name: str) -> None:
     """A run created long ago that never wrote again: lost under the default threshold."""
     store.create_run(name, {"base_model": "starter"}, started=time.time() - 10 * LOST_AFTER_SECONDS)
@@ -119,7 +129,7 @@ def test_runs_delete_removes_the_record_and_the_folder_and_refuses_a_live_run(tm
         for name in ("done-run", "live-run"):
             store.create_run(name, {})
             store.log_metrics(name, 1, {"loss": 0.5})
-            (runs_dir / name).mkdir()
+            run_folder(runs_dir / name)
             (runs_dir / name / "report.md").write_text("# report\n")
         store.finish_run("done-run", {}, "done")
 
@@ -145,8 +155,7 @@ def test_runs_delete_removes_the_record_and_the_folder_and_refuses_a_live_run(tm
 
 def test_deleting_a_symlinked_run_folder_removes_the_link_not_its_target(tmp_path):
     runs_dir = tmp_path / "runs"
-    elsewhere = tmp_path / "keep-me"
-    elsewhere.mkdir()
+    elsewhere = run_folder(tmp_path / "keep-me")  # a run kept on another disk, say
     (elsewhere / "precious.txt").write_text("x")
     with SqliteRunStore(runs_dir / "posttrain.db") as store:
         stale_run(store, "linked")
@@ -182,7 +191,7 @@ def test_the_delete_endpoint_checks_token_content_type_and_liveness(tmp_path):
     with SqliteRunStore(runs_dir / "posttrain.db") as store:
         stale_run(store, "old")
         store.create_run("live", {})
-    (runs_dir / "old").mkdir()
+    run_folder(runs_dir / "old")
     server = serve(runs_dir / "posttrain.db", port=0, token="tok")
     thread = start_in_thread(server)
     try:
@@ -265,7 +274,7 @@ def test_a_delete_that_fails_part_way_keeps_the_record_to_retry(tmp_path, capsys
     runs_dir = tmp_path / "runs"
     with SqliteRunStore(runs_dir / "posttrain.db") as store:
         stale_run(store, "stuck")
-    (runs_dir / "stuck").mkdir()
+    run_folder(runs_dir / "stuck")
     (runs_dir / "stuck" / "holdout_after.jsonl").write_text("{}\n")
 
     def refuse(path, *args, **kwargs):  # what an immutable file (chattr +i) makes rmtree do

@@ -69,7 +69,7 @@ class RunStillAlive(RunStoreError):
 
 
 class NotYours(RunStoreError):
-    """The caller's token did not create the run it wants to delete."""
+    """The caller's token did not create the run it wants to write to or delete."""
 
     http_status = 403
 

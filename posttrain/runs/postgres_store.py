@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from posttrain.access import ADMIN, Caller
 from posttrain.runs import sql
 from posttrain.runs.ops import LOST_AFTER_SECONDS, RunStoreError, StoreUnreachable
 from posttrain.runs.sql_store import SqlRunStore
@@ -189,11 +190,12 @@ class PostgresRunStore(SqlRunStore):
     # --- writing -----------------------------------------------------------------------
 
     def _apply_checked(self, checked: list[dict[str, Any]], batch_id: str | None,
-                       owner: str | None = None) -> int:
+                       owner: str | None = None, caller: Caller = ADMIN) -> int:
         # an id for every batch: a retry after a connection died mid-commit is applied once
         batch = batch_id if batch_id is not None else uuid.uuid4().hex
-        if not self.hold_when_down:
-            return self._deliver(checked, batch, owner)
+        if not self.hold_when_down or caller.restricted:
+            # a server's ingest (a named caller) is answered now, never held
+            return self._deliver(checked, batch, owner, caller)
         now = time.time()
         for op in checked:  # held ops keep the time they were logged, not delivered
             if op["time"] is None and op["op"] != "heartbeat":
@@ -203,13 +205,14 @@ class PostgresRunStore(SqlRunStore):
             self._deliver_held(wait_seconds=0.0)
         return len(checked)
 
-    def _deliver(self, checked: list[dict[str, Any]], batch: str, owner: str | None) -> int:
+    def _deliver(self, checked: list[dict[str, Any]], batch: str, owner: str | None,
+                 caller: Caller = ADMIN) -> int:
         """Apply one batch; a connection found dead (a restarted server) is opened again
         and the batch tried once more."""
         try:
-            return super()._apply_checked(checked, batch, owner)
+            return super()._apply_checked(checked, batch, owner, caller)
         except StoreUnreachable:
-            return super()._apply_checked(checked, batch, owner)
+            return super()._apply_checked(checked, batch, owner, caller)
 
     def _deliver_held(self, wait_seconds: float) -> None:
         """Deliver held batches in order; while the server is down, try again at most

@@ -36,11 +36,16 @@ class DeletedRun:
     name: str
     record: bool  # the store held a record of it
     folder: Path | None  # the run folder removed, if there was one
+    kept: Path | None = None  # a folder of that name that is no run's, left in place
 
     def describe(self) -> str:
         parts = (["its record in the run store"] if self.record else []) + (
             [f"its folder {self.folder}"] if self.folder is not None else [])
-        return f"deleted run {self.name!r}: " + " and ".join(parts)
+        line = f"deleted run {self.name!r}: " + " and ".join(parts)
+        if self.kept is not None:
+            line += (f"; {self.kept} stays: it holds no run's config.json, so posttrain did "
+                     "not make it for a run")
+        return line
 
 
 def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
@@ -48,8 +53,10 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
     """Delete run ``name``: ``<runs_root>/<name>/`` first, then its record in ``store`` (so a
     removal that fails part-way leaves a record to delete again).
 
-    A folder is removed only when it is the run's: the store records the run, or the folder
-    holds a run's ``config.json`` (``is_run_folder``); with neither, nothing is deleted.
+    A folder is removed only when it holds a run's ``config.json`` (``is_run_folder``):
+    a record in the store alone never makes a folder deletable (records can be ingested by
+    anyone with write access; a folder of the same name that posttrain did not make for a
+    run stays, and only the record goes). With neither, nothing is deleted.
     Raises ``RunStoreError`` when the name is unsafe, when there is no run of that name,
     when the run is still alive and ``force`` is False, or when the folder cannot be
     removed (the record is kept then). A ``caller`` from a tokens file deletes only the
@@ -69,9 +76,10 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
         raise RunStillAlive(
             f"run {name!r} is still running; stop it first (Ctrl-C), wait until it shows as "
             "lost, or force the deletion")
-    # a folder is the run's when posttrain recorded the run in this root's store, or wrote
-    # its config there; any other folder of that name is the user's and stays
-    is_run = has_folder and (known is not None or folder.is_symlink() or is_run_folder(folder))
+    # a folder is the run's only when posttrain wrote a run's config there (a link: when
+    # what it points at is one); a store record alone proves nothing, since anyone who may
+    # write to the store can claim a name (an ingested create for a folder that exists)
+    is_run = has_folder and is_run_folder(folder)
     if known is None and not is_run:
         if has_folder:
             raise NoSuchRun(f"{folder} is not a posttrain run (no record in {store.location}, no "
@@ -91,4 +99,5 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
                 f"could not remove {folder} ({error.strerror or error}): part of it may be "
                 f"left; its record is kept, so deleting {name!r} again retries") from None
     record = store.delete_run(name, force=True, caller=caller) if known is not None else False
-    return DeletedRun(name, record, folder if is_run else None)
+    return DeletedRun(name, record, folder if is_run else None,
+                      kept=folder if has_folder and not is_run else None)

@@ -137,8 +137,8 @@ def _store_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """A store call whose refusal of bad input is a 400."""
     try:
         return call(*args, **kwargs)
-    except StoreUnavailable:
-        raise  # the server's state, not the request's fault: a 503 (its http_status)
+    except (StoreUnavailable, NotYours):
+        raise  # the server's state (a 503) or the caller's rights (a 403): not a 400
     except RunStoreError as error:
         raise HttpError(400, str(error)) from None
 
@@ -154,8 +154,13 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         batch_id = payload.get("batch")
         if batch_id is not None and (not isinstance(batch_id, str) or len(batch_id) > 100):
             raise HttpError(400, "'batch' must be a string of at most 100 characters")
-        applied = _store_call(store.apply, payload["ops"], batch_id=batch_id,
-                              owner=request.caller.name or None)
+        try:
+            # a named token writes only to its own runs and new ones, checked in the same
+            # transaction as the write (nothing applied on a refusal)
+            applied = _store_call(store.apply, payload["ops"], batch_id=batch_id,
+                                  owner=request.caller.name or None, caller=request.caller)
+        except NotYours as error:
+            raise HttpError(403, str(error)) from None
         return json_response({"ok": True, "applied": applied, "duplicate": applied == 0
                               and bool(payload["ops"])})
 

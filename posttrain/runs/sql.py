@@ -171,21 +171,36 @@ def claim_batch(db: Db, batch_id: str, now: float) -> bool:
     return True
 
 
+def check_writes(db: Db, ops: Sequence[dict[str, Any]], caller: Caller) -> None:
+    """``NotYours`` (before anything is applied) when ``caller``, a tokens-file name, sends
+    an op for a run another name (or the administrator) created: a token writes only to
+    its own runs and to new ones. The administrator writes anywhere."""
+    if not caller.restricted:
+        return
+    for run in dict.fromkeys(op["run"] for op in ops):
+        row = db.one("SELECT owner FROM runs WHERE name = ?", (run,))
+        if row is not None and not caller.may_change(row[0]):
+            raise NotYours(f"run {run!r} was {_made_by(row[0])}; a token writes only to its "
+                           "own runs and new ones (the server's --token writes anywhere)")
+
+
 def apply_ops(db: Db, ops: Sequence[dict[str, Any]], now: float,
               owner: str | None = None) -> None:
     """Apply validated ops in order; a run they create records ``owner`` (the tokens-file
     name that sent them, None for everyone else). A heartbeat is stamped on arrival
     (liveness is judged by the store's clock, whatever the sender's clock says); other ops
-    keep the time they carry, else ``now``."""
+    keep the time they carry, else ``now``. Who may send them is ``check_writes``'s."""
     for op in ops:
         stamped = op["time"] is not None and op["op"] != "heartbeat"
         _apply_one(db, op, op["time"] if stamped else now, owner)
 
 
-def _ensure_run(db: Db, run: str, moment: float) -> None:
-    # an op for a run never created (its create was lost) still lands somewhere visible
-    db.run("INSERT INTO runs (name, status, started, updated) VALUES (?, 'running', ?, ?)"
-           " ON CONFLICT (name) DO NOTHING", (run, moment, moment))
+def _ensure_run(db: Db, run: str, moment: float, owner: str | None) -> None:
+    # an op for a run never created (its create was lost) still lands somewhere visible,
+    # and belongs to whoever sent it
+    db.run("INSERT INTO runs (name, status, started, updated, owner)"
+           " VALUES (?, 'running', ?, ?, ?) ON CONFLICT (name) DO NOTHING",
+           (run, moment, moment, owner))
 
 
 def _forget_rows(db: Db, run: str) -> None:
@@ -210,7 +225,7 @@ def _apply_one(db: Db, op: dict[str, Any], moment: float, owner: str | None) -> 
         db.run(f"UPDATE runs SET updated = {greatest}(coalesce(updated, 0), ?)"
                " WHERE name = ? AND status = 'running'", (moment, run))
         return
-    _ensure_run(db, run, moment)
+    _ensure_run(db, run, moment, owner)
     if kind == "metrics":
         step, values = op["step"], op["metrics"]
         names = list(values)
@@ -288,9 +303,12 @@ def delete_run_rows(db: Db, name: str, *, force: bool, lost_after_seconds: float
 def check_owner(name: str, owner: str | None, caller: Caller) -> None:
     """``NotYours`` unless ``caller`` may delete run ``name``, which ``owner`` created."""
     if not caller.may_delete(owner):
-        made = f"created by {owner}" if owner else "not created with a token of the tokens file"
-        raise NotYours(f"run {name!r} was {made}; a token deletes only its own runs (the "
-                       f"server's --token may delete any)")
+        raise NotYours(f"run {name!r} was {_made_by(owner)}; a token deletes only its own "
+                       "runs (the server's --token may delete any)")
+
+
+def _made_by(owner: str | None) -> str:
+    return f"created by {owner}" if owner else "not created with a token of the tokens file"
 
 
 # --- tiles: step-range summaries of each curve ------------------------------------------

@@ -122,19 +122,21 @@ class SqlRunStore(OpWriter):
         self.apply([op])
 
     def apply(self, ops: Sequence[dict[str, Any]], batch_id: str | None = None,
-              owner: str | None = None) -> int:
+              owner: str | None = None, *, caller: Caller = ADMIN) -> int:
         """Validate then apply ``ops`` in one transaction; returns how many were applied.
 
-        Nothing is applied when any op is invalid (``RunStoreError`` names it). A batch
-        whose ``batch_id`` was already applied is skipped and 0 is returned. A run the ops
-        create records ``owner`` (the tokens-file name that sent them).
+        Nothing is applied when any op is invalid (``RunStoreError`` names it) or when
+        ``caller``, a tokens-file name, writes to a run it did not create (``NotYours``).
+        A batch whose ``batch_id`` was already applied is skipped and 0 is returned. A run
+        the ops create records ``owner`` (the tokens-file name that sent them).
         """
-        return self._apply_checked(validate_ops(ops), batch_id, owner)
+        return self._apply_checked(validate_ops(ops), batch_id, owner, caller)
 
     def _apply_checked(self, checked: list[dict[str, Any]], batch_id: str | None,
-                       owner: str | None = None) -> int:
+                       owner: str | None = None, caller: Caller = ADMIN) -> int:
         now = time.time()
         with self._intact(), self._write() as db:
+            sql.check_writes(db, checked, caller)
             if batch_id is not None and not sql.claim_batch(db, batch_id, now):
                 return 0
             sql.apply_ops(db, checked, now, owner)
