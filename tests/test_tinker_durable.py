@@ -342,3 +342,108 @@ def test_a_damaged_journal_is_refused_with_what_to_do(policy, tmp_path, one_torc
             start_server(engine, port=0, verbose=False)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("run_id", ["../../escape", "/tmp/escape-abs", "a/b"])
+def test_a_journal_whose_run_id_is_a_path_writes_nothing_outside(policy, tmp_path,
+                                                                 one_torch_thread, run_id):
+    """Issue #49, severe finding 3: a journal row whose run id was `../../X` or an absolute
+    path made the replay write run.json, states/ and exports/ there. The id is refused by
+    pattern, the replay goes on, and nothing lands outside the state folder."""
+    from posttrain.service.protocols.tinker.journal import Entry
+    from posttrain.service.protocols.tinker.replay import replay_journal
+    from posttrain.service.protocols.tinker.routes import TinkerService
+
+    state_dir = tmp_path / "state" / "deep"
+    state_dir.mkdir(parents=True)
+    journal = Journal(state_dir)
+    session_id = "sess-0123456789abcdef"
+    journal.append(Entry("create_session", {}, json.dumps(
+        {"sdk_version": tinker.__version__}).encode(), None, None, [session_id], session_id))
+    journal.append(Entry("create_model", {}, json.dumps(
+        {"session_id": session_id, "model_seq_id": 0, "base_model": BASE,
+         "lora_config": {"rank": 2, "seed": 0}}).encode(), None, None,
+        [run_id, "req-0123456789abcdef0123456789abcdef"], session_id))
+    journal.close()
+    before = sorted(str(path) for path in tmp_path.rglob("*"))
+    engine = Engine(BASE, state_dir, policy=policy, torch_threads=one_torch_thread)
+    journal = Journal(state_dir)
+    try:
+        service = TinkerService(engine, journal=journal)
+        report = replay_journal(service, journal)
+        assert report.submissions == 2
+        answer = service.futures.get("req-0123456789abcdef0123456789abcdef").wait(30)
+        assert b"run id: expected a name" in answer.body
+        assert engine.get_session(session_id)["status"] == "open"  # the rest replayed
+    finally:
+        engine.shutdown()
+        journal.close()
+    after = sorted(str(path) for path in tmp_path.rglob("*")
+                   if not str(path).startswith(str(state_dir)))
+    assert after == [path for path in before if not path.startswith(str(state_dir))]
+    assert not Path("/tmp/escape-abs").exists()
+    assert not (state_dir / "runs").exists() or not any(
+        (state_dir / "runs").iterdir())
+
+
+def test_a_replay_of_thousands_of_sessions_is_linear(policy, tmp_path, one_torch_thread,
+                                                     monkeypatch):
+    """Issue #49: the replay heartbeat every open session after every entry (3,000 sessions
+    took 20 s, 20,000 never started listening in 120 s). Keep-alives now come at most once
+    a second: the heartbeats grow with the sessions times the seconds, not the square."""
+    from posttrain.service.protocols.tinker.journal import Entry
+    from posttrain.service.protocols.tinker.replay import replay_journal
+    from posttrain.service.protocols.tinker.routes import TinkerService
+
+    count = 3000
+    journal = Journal(tmp_path)
+    body = json.dumps({"sdk_version": tinker.__version__}).encode()
+    for number in range(count):
+        session_id = f"sess-{number:016x}"
+        journal.append(Entry("create_session", {}, body, None, None, [session_id], session_id))
+    journal.close()
+    engine = Engine(BASE, tmp_path, policy=policy, torch_threads=one_torch_thread)
+    beats = []
+    real_heartbeat = engine.heartbeat
+    monkeypatch.setattr(engine, "heartbeat", lambda session_id: (beats.append(session_id),
+                                                                 real_heartbeat(session_id))[1])
+    journal = Journal(tmp_path)
+    try:
+        started = time.monotonic()
+        report = replay_journal(TinkerService(engine, journal=journal), journal)
+        seconds = time.monotonic() - started
+        assert report.submissions == count and not report.failures
+        assert len(engine.sessions()) == count
+        assert seconds < 60, seconds
+        assert len(beats) <= count * (seconds + 2), (len(beats), seconds)
+    finally:
+        engine.shutdown()
+        journal.close()
+
+
+def test_a_second_server_on_one_state_folder_stops_before_loading(starter_2m_folder,
+                                                                  tmp_path):
+    """Issue #49: two servers on one state folder replayed one journal and wrote the same
+    runs. The folder's serve.lock is held for a server's life; a second server says so in
+    one line, exit 2, before its model loads; once the first is killed (SIGKILL too) the
+    folder is free again."""
+    state_dir = tmp_path / "state"
+    first = ServeProcess(state_dir, free_port(), tmp_path / "first.log")
+    first.start()
+    try:
+        started = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-m", "posttrain", "serve", "--base-model", BASE,
+             "--port", str(free_port()), "--state-dir", str(state_dir)],
+            capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "another server is using the state folder" in lines[0]
+        assert "--state-dir" in lines[0]
+        assert time.monotonic() - started < 60
+        first.kill()
+        again = ServeProcess(state_dir, free_port(), tmp_path / "again.log")
+        again.start()  # the kernel let the killed server's lock go
+        again.stop()
+    finally:
+        first.stop()

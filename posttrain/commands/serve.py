@@ -78,6 +78,19 @@ class ServeSettings:
         metadata={"help": "keep the tinker routes' state in memory only (a restart forgets "
                   "sessions, clients and futures; saved checkpoints stay)"},
     )
+    max_tokens_per_call: int = field(
+        default=Limits.max_tokens_per_call,
+        metadata={"help": "most input tokens one forward_backward, forward or logprobs call "
+                  "may carry in all (what one request can cost in memory: about 95 kB a "
+                  "token on the starter; lower it on a small machine)",
+                  "range": (1, 10_000_000)},
+    )
+    max_sequence_tokens: int = field(
+        default=Limits.max_sequence_tokens,
+        metadata={"help": "most tokens in one sequence (capped by the model's context); a "
+                  "client's text longer than this many tokens could spell is refused "
+                  "before it is tokenised", "range": (1, 10_000_000)},
+    )
     quiet: bool = field(default=False, metadata={"help": "do not log each request"})
 
 
@@ -120,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         state_dir=settings.state_dir,
         verbose=not settings.quiet,
         torch_threads=settings.torch_threads,
-        limits=Limits(operation_retention_s=settings.operation_retention),
+        limits=Limits(operation_retention_s=settings.operation_retention,
+                      max_tokens_per_call=settings.max_tokens_per_call,
+                      max_sequence_tokens=settings.max_sequence_tokens),
         journal=not settings.no_journal,
         state_store=settings.state_store,
     )

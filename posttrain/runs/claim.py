@@ -20,8 +20,9 @@ LOCK_FILE = "run.lock"
 class RunClaim:
     """The held lock of one run folder; ``release`` (or the process's end) lets it go."""
 
-    def __init__(self, folder: Path, fd: int) -> None:
+    def __init__(self, folder: Path, fd: int, lock_file: str = LOCK_FILE) -> None:
         self.folder = folder
+        self.lock_file = lock_file
         self._fd: int | None = fd
 
     @property
@@ -35,18 +36,19 @@ class RunClaim:
             return
         if remove_file:
             try:
-                (self.folder / LOCK_FILE).unlink()
+                (self.folder / self.lock_file).unlink()
             except OSError:
                 pass  # the folder was removed or is read-only now: the lock goes anyway
         os.close(self._fd)
         self._fd = None
 
 
-def try_claim(folder: Path) -> RunClaim | None:
-    """Take ``folder``'s lock (creating ``run.lock``); None when another process holds it.
+def try_claim(folder: Path, lock_file: str = LOCK_FILE) -> RunClaim | None:
+    """Take ``folder``'s lock (creating ``lock_file``, a run's ``run.lock`` by default);
+    None when another process holds it.
 
     Raises ``OSError`` when the lock file cannot be created (a read-only folder)."""
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(folder / lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -55,7 +57,7 @@ def try_claim(folder: Path) -> RunClaim | None:
     except BaseException:
         os.close(fd)
         raise
-    return RunClaim(folder, fd)
+    return RunClaim(folder, fd, lock_file)
 
 
 def is_live(folder: Path) -> bool:

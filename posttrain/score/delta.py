@@ -31,7 +31,7 @@ from functools import partial
 from posttrain.score import stats
 from posttrain.score.delta_report import DeltaReport, GroupDelta, GuardStats
 from posttrain.score.guards import NEGATED, choose_guards, guard_marker, guard_value
-from posttrain.score.noise import NoiseBand, noise_band, split_by_eval_run
+from posttrain.score.noise import ONE_EVALUATION, NoiseBand, noise_band, split_by_eval_run
 from posttrain.score.passat import (
     GroupStats,
     Row,
@@ -177,9 +177,10 @@ def _applied_band(noise: NoiseBand | None, shared: list[str], warnings: list[str
     """The band for this comparison's paired scenarios and pooled evaluations; notes what
     is missing or odd."""
     if noise is None or noise.band is None:
-        warnings.append(noise.note if noise is not None and noise.n_repeats >= 2 else
-                        "no noise band: 1 evaluation (re-evaluate the base policy with 2 or "
-                        "more sampling seeds to measure one)")
+        said = noise.note if noise is not None else ""
+        warnings.append(said if said and said != ONE_EVALUATION else
+                        f"{ONE_EVALUATION} (re-evaluate the base policy with 2 or more "
+                        "sampling seeds to measure one)")
         return None
     if noise.max_repeat_delta > noise.band:
         warnings.append(f"two evaluations of the base policy differ by "

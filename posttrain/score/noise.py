@@ -33,6 +33,10 @@ from posttrain.score.format import JsonRecord, json_safe
 from posttrain.score.passat import Row, ValueSpec, scenario_means
 
 
+#: a noise band's note when only one evaluation was made
+ONE_EVALUATION = "no noise band: 1 evaluation"
+
+
 @dataclass
 class NoiseBand(JsonRecord):
     """How far a paired delta moves between evaluations of the same policy."""
@@ -114,7 +118,7 @@ def noise_band(repeats: Sequence[Sequence[Row]], *, seed: int = 0, value: ValueS
                        df=None, sd_null_difference=None, run_std=None, pass_at_1=rates,
                        max_repeat_delta=None)
     if len(repeats) < 2:
-        result.note = "no noise band: 1 evaluation"
+        result.note = ONE_EVALUATION
         return result
     for first, second in combinations(means, 2):
         result.pair_differences.append(

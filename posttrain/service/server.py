@@ -24,6 +24,7 @@ from posttrain.errors import PosttrainError
 from posttrain.http_core import READ_TIMEOUT_SECONDS, HttpServer, Rules
 from posttrain.http_core import check_bind as check_core_bind
 from posttrain.interrupts import interruptible
+from posttrain.runs.claim import RunClaim, try_claim
 from posttrain.service.engine.engine import Engine
 from posttrain.service.engine.errors import ServiceError
 from posttrain.service.engine.requests import Limits
@@ -33,6 +34,10 @@ from posttrain.service.protocols.openai.routes import openai_routes
 from posttrain.service.protocols.tinker.journal import Journal
 from posttrain.service.protocols.tinker.replay import replay_journal
 from posttrain.service.protocols.tinker.routes import TinkerService, tinker_available
+
+
+#: held by the server using a state folder (``serve``)
+SERVE_LOCK = "serve.lock"
 
 
 def default_state_dir() -> Path:
@@ -145,10 +150,41 @@ def serve(
     journal: bool = True,
     state_store: str | None = None,
 ) -> None:
-    """Load ``base_model`` and serve the primitives until Ctrl-C (blocking)."""
+    """Load ``base_model`` and serve the primitives until Ctrl-C (blocking). One server per
+    state folder: the folder's ``serve.lock`` is held for the server's life (the kernel
+    lets it go when the process dies), and a second server on it stops before loading."""
     check_bind(host, token or ("named tokens" if tokens else None))
-    engine = Engine(base_model, state_dir or default_state_dir(), torch_threads=torch_threads,
-                    limits=limits)
+    folder = Path(state_dir or default_state_dir())
+    claim = claim_state_folder(folder)
+    try:
+        _serve_claimed(base_model, host, port, token, folder, verbose=verbose,
+                       torch_threads=torch_threads, limits=limits, tokens=tokens,
+                       journal=journal, state_store=state_store)
+    finally:
+        claim.release()
+
+
+def claim_state_folder(folder: Path) -> RunClaim:
+    """The state folder's lock, or ``PosttrainError`` saying another server holds it (two
+    servers on one folder would replay one journal and write the same runs)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        claim = try_claim(folder, SERVE_LOCK)
+    except OSError as error:
+        raise PosttrainError(f"posttrain serve: cannot use the state folder {folder} "
+                             f"({error.strerror or error})") from None
+    if claim is None:
+        raise PosttrainError(f"posttrain serve: another server is using the state folder "
+                             f"{folder} (it holds {folder / SERVE_LOCK}); stop it, or give "
+                             "this one its own --state-dir")
+    return claim
+
+
+def _serve_claimed(base_model: str, host: str, port: int, token: str | None, state_dir: Path,
+                   *, verbose: bool, torch_threads: int | None, limits: Limits | None,
+                   tokens: Mapping[str, str] | None, journal: bool,
+                   state_store: str | None) -> None:
+    engine = Engine(base_model, state_dir, torch_threads=torch_threads, limits=limits)
     running = start_server(engine, host, port, token, verbose=verbose, tokens=tokens,
                            journal=journal, state_store=state_store)
     dormant = [r for r in engine_runs(engine) if r["status"] == "dormant"]

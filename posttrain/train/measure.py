@@ -124,6 +124,18 @@ def _noise(evaluation: PolicyEvaluation) -> Any:
     return noise_band(evaluation.runs) if len(evaluation.runs) > 1 else None
 
 
+def _base_noise(base: PolicyEvaluation) -> Any:
+    """The base policy's noise band for the phases measured from it when a cold start ran:
+    by design the base is then evaluated once, and the band says why it has none."""
+    if len(base.runs) > 1:
+        return _noise(base)
+    band = noise_band(base.runs)
+    band.note = ("no noise band for this phase: the base is evaluated once when a cold start "
+                 "follows (RL's verdict takes its band from the cold-started policy's "
+                 "evaluations)")
+    return band
+
+
 def _history_curves(history: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     curves: dict[str, list[tuple[int, float]]] = {}
     names = {
@@ -182,7 +194,7 @@ def finish_summary(
     whole = None  # base -> after, when a cold start ran first
     base = before
     if base is not None and cold_start is not None:
-        cold_report = run_verdict(base.rows, cold_start.rows, noise=_noise(base))
+        cold_report = run_verdict(base.rows, cold_start.rows, noise=_base_noise(base))
         phases.append(("cold start (base -> cold start)", cold_report))
         summary["phases"] = {"base": base.pass_at().to_dict(),
                              "cold_start": {"after": cold_start.pass_at().to_dict(),
@@ -199,7 +211,7 @@ def finish_summary(
             # the same call on the same rows as `posttrain eval --compare` of the run's files
             report = run_verdict(before.rows, after.rows, noise=noise)
             if base is not before and base is not None:
-                whole = run_verdict(base.rows, after.rows, noise=_noise(base))
+                whole = run_verdict(base.rows, after.rows, noise=_base_noise(base))
                 summary["phases"]["whole_run"] = {"delta": whole.to_dict(),
                                                   "verdict": whole.verdict}
                 summary["phases"]["rl"] = {"verdict": report.verdict}

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from posttrain.access import Caller
 from posttrain.policy.loading import load_policy
 from posttrain.service.engine import checks, state
 from posttrain.service.engine.capabilities import PRIMITIVES, capabilities_of
@@ -36,6 +37,7 @@ from posttrain.service.engine.errors import (
     BadRequest,
     Conflict,
     Damaged,
+    Forbidden,
     NotFound,
     TooManyRequests,
     hide_folders,
@@ -50,6 +52,7 @@ from posttrain.service.engine.requests import Limits, LoraSpec
 from posttrain.service.engine.runs import Run
 from posttrain.service.engine.sampler_models import SamplerModels
 from posttrain.service.engine.sessions import Session, Sessions
+from posttrain.service.engine.text_encoding import Encoder
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = checks.DEFAULT_HEARTBEAT_TIMEOUT_S
 
@@ -85,6 +88,10 @@ class Engine:
         context = int(getattr(config, "max_position_embeddings", self.limits.max_sequence_tokens))
         if context < self.limits.max_sequence_tokens:
             self.limits = replace(self.limits, max_sequence_tokens=context)
+        # client text is checked for length before it is tokenised, and tokenised in
+        # linear time (a long unbroken run made one request cost hours)
+        self.encoder = Encoder.for_tokenizer(self.policy.tokenizer,
+                                             self.limits.max_sequence_tokens)
         self.module_names = linear_module_names(self.policy.model)
         # LoRA may also go on the unembedding when asked by name (never by default)
         unembedding = unembedding_module_name(self.policy.model)
@@ -116,15 +123,14 @@ class Engine:
     # ------------------------------------------------------------ tokenizer helpers
 
     def tokenize_text(self, text: str) -> list[int]:
-        """Token ids of plain text (no special tokens added)."""
-        return self.policy.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of plain text (no special tokens added), its length checked first
+        (``text_encoding``)."""
+        return self.encoder.encode(text, "text")
 
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of a chat through the chat template, ready for the reply."""
-        ids = self.policy.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return list(ids)
+        """Token ids of a chat through the chat template, ready for the reply, its length
+        checked first (``text_encoding``)."""
+        return self.encoder.encode_chat(messages)
 
     def detokenize(self, token_ids: Any) -> str:
         """The text of ``token_ids`` (special tokens skipped); ``BadRequest`` for an id
@@ -136,12 +142,42 @@ class Engine:
     # ------------------------------------------------------------ sessions
 
     def create_session(self, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
-                       session_id: str | None = None) -> dict[str, Any]:
+                       session_id: str | None = None, owner: str | None = None
+                       ) -> dict[str, Any]:
         """Open a session; ``heartbeat_timeout_s`` (0.5 s to a day) is how long it may stay
         silent. ``session_id``: the id to give it (a wing rebuilding the sessions a restart
-        lost chooses them itself, ``sessions.new_session_id``); by default a fresh one."""
+        lost chooses them itself, ``sessions.new_session_id``); by default a fresh one.
+        ``owner``: the tokens-file name opening it; the runs created in it are that name's
+        (``check_change``)."""
         return self._sessions.create(checks.heartbeat_timeout(heartbeat_timeout_s),
-                                     session_id)
+                                     session_id, owner)
+
+    def check_change(self, caller: Caller, *, session_id: Any = None,
+                     run_id: Any = None) -> None:
+        """``Forbidden`` unless ``caller`` may change session ``session_id`` and run
+        ``run_id`` (those given): the administrator may change anything, a tokens-file name
+        only what it created. Every route that changes a session or a run calls this
+        first, before it parses the rest of the request. An unknown id is left to the
+        action itself (its 404)."""
+        if not caller.restricted:
+            return
+        owners = []
+        if isinstance(session_id, str):
+            with self._lock:
+                known = self._sessions.find(session_id)
+            if known is not None:
+                owners.append(("session", session_id, known.owner))
+        if isinstance(run_id, str):
+            with self._lock:
+                run = self._runs.get(run_id)
+            if run is not None:
+                owners.append(("run", run_id, run.owner))
+        for kind, ident, owner in owners:
+            if not caller.may_change(owner):
+                made = (f"created by {owner}" if owner
+                        else "not created with a token of the tokens file")
+                raise Forbidden(f"{kind} {ident} was {made}; a token changes only its own "
+                                "sessions and runs (the server's --token changes any)")
 
     def heartbeat(self, session_id: str) -> dict[str, Any]:
         """Keep a session alive (``Conflict`` once it is closed or expired)."""
@@ -205,7 +241,7 @@ class Engine:
     # ------------------------------------------------------------ runs
 
     def _new_run(self, run_id: str, session_id: str | None, spec: LoraSpec,
-                 created_at: float | None = None) -> Run:
+                 created_at: float | None = None, owner: str | None = None) -> Run:
         return Run(
             run_id,
             session_id,
@@ -217,6 +253,7 @@ class Engine:
             max_ahead=self.limits.max_seq_ahead,
             created_at=created_at,
             public_text=self.public_text,
+            owner=owner,
         )
 
     def new_lora_model(self, spec: LoraSpec) -> LoraModel:
@@ -238,6 +275,8 @@ class Engine:
         unknown or not open, ``TooManyRequests`` past ``limits.max_runs``. ``run_id``: the
         id to give it (``new_run_id``; a replay re-creating a run a restart made dormant
         takes its id back), by default a fresh one."""
+        if run_id is not None:  # a replayed journal's value: data, never a path
+            checks.state_name(run_id, "run id")
         spec = checks.lora_spec(spec.rank, spec.alpha, spec.seed, spec.target_modules,
                                 self.limits, self.module_names, self.optional_lora_targets)
         self._sessions.open(session_id)
@@ -258,7 +297,8 @@ class Engine:
             if known is not None and known.status in ("active", "cancelling", "resuming"):
                 raise Conflict(f"run {run_id} is {known.status}; a live run is not replaced")
             self._damaged_runs.pop(run_id or "", None)
-            run = self._new_run(run_id or new_run_id(), session.session_id, spec)
+            run = self._new_run(run_id or new_run_id(), session.session_id, spec,
+                                owner=session.owner)
             self._runs[run.run_id] = run
             session.run_ids.append(run.run_id)
             run.start(model, first_seq=1)
@@ -276,6 +316,8 @@ class Engine:
         another base model. ``run_id`` as in ``create_run``."""
         source_run_id = checks.state_name(source_run_id, "run_id")
         name = checks.state_name(name, "name")
+        if run_id is not None:
+            checks.state_name(run_id, "run id")
         folder = state.run_folder(self.state_dir, source_run_id) / "states" / name
         try:
             info = state.read_state_info(folder)

@@ -32,6 +32,12 @@ class Unauthorized(ServiceError):
     status = 401
 
 
+class Forbidden(ServiceError):
+    """The caller's token did not create the session or run it wants to change (403)."""
+
+    status = 403
+
+
 class NotFound(ServiceError):
     """No such session, run, operation or state (404)."""
 

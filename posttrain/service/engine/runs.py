@@ -52,8 +52,10 @@ class Run:
         max_ahead: int,
         created_at: float | None = None,
         public_text: Callable[[str], str] = lambda text: text,
+        owner: str | None = None,
     ):
         self.run_id = run_id
+        self.owner = owner  # the tokens-file name whose session created it (None: admin)
         self.public_text = public_text  # what a failed operation's message may show
         self.session_id = session_id
         self.spec = spec
@@ -125,6 +127,7 @@ class Run:
         was active becomes ``dormant`` (resumable from its last save_state) or ``lost`` (it
         never saved); a terminal one stays as it ended."""
         self.last_state = record.get("last_state")
+        self.owner = record.get("owner")  # checked by state.record_problem
         self.status, self.status_reason = record["status"], record.get("status_reason")
         if not self.terminal:
             if self.last_state:
@@ -227,6 +230,7 @@ class Run:
         return {
             "run_id": self.run_id,
             "session_id": self.session_id,
+            "owner": self.owner,
             "base_model": self.base_model,
             "lora": asdict(self.spec),
             "status": self.status,

@@ -29,6 +29,7 @@ class Session:
     created_at: float = field(default_factory=time.time)
     status: str = "open"  # open | closed | expired
     run_ids: list[str] = field(default_factory=list)
+    owner: str | None = None  # the tokens-file name that opened it (None: the administrator)
 
     def to_json(self) -> dict[str, Any]:
         """The session as the API serves it."""
@@ -38,6 +39,7 @@ class Session:
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
             "run_ids": list(self.run_ids),
             "created_at": self.created_at,
+            "owner": self.owner,
         }
 
 
@@ -55,11 +57,12 @@ class Sessions:
         self._cancel_runs = cancel_runs
         self._sessions: dict[str, Session] = {}
 
-    def create(self, heartbeat_timeout_s: float, session_id: str | None = None
-               ) -> dict[str, Any]:
+    def create(self, heartbeat_timeout_s: float, session_id: str | None = None,
+               owner: str | None = None) -> dict[str, Any]:
         """A new open session (its json); ``session_id`` names it (a replay rebuilding a
-        session a restart lost), else a fresh id is drawn."""
-        session = Session(session_id or new_session_id(), heartbeat_timeout_s, self._clock())
+        session a restart lost), else a fresh id is drawn; ``owner`` opened it."""
+        session = Session(session_id or new_session_id(), heartbeat_timeout_s, self._clock(),
+                          owner=owner)
         with self._lock:
             if session.session_id in self._sessions:
                 raise Conflict(f"session {session.session_id} exists already")
@@ -76,6 +79,10 @@ class Sessions:
             if session.status != "open":
                 raise Conflict(f"session {session_id} is {session.status}; create a new one")
             return session
+
+    def find(self, session_id: str) -> Session | None:
+        """Session ``session_id`` in any state, or None (under the engine's lock)."""
+        return self._sessions.get(session_id)
 
     def _known(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.access import NAME as OWNER_NAME
 from posttrain.atomic import write_text_atomic
+from posttrain.service.engine.checks import state_name
 from posttrain.service.engine.requests import LoraSpec
 from posttrain.text import echo
 
@@ -32,7 +34,9 @@ STATE_FORMAT = 1
 
 
 def run_folder(state_dir: Path, run_id: str) -> Path:
-    return state_dir / "runs" / run_id
+    """``runs/<run_id>`` under the state folder; ``BadRequest`` for an id that is not a
+    plain name (an id read back from a journal or a request is data, never a path)."""
+    return state_dir / "runs" / state_name(run_id, "run id")
 
 
 def write_run_record(state_dir: Path, record: dict[str, Any]) -> None:
@@ -65,6 +69,9 @@ def record_problem(record: Any, run_id: str) -> str | None:
     for key in ("base_model", "status"):
         if not isinstance(record.get(key), str):
             return f"{key}: expected a string, got {echo(record.get(key))}"
+    owner = record.get("owner")
+    if owner is not None and not (isinstance(owner, str) and OWNER_NAME.fullmatch(owner)):
+        return f"owner: expected null or a tokens-file name, got {echo(owner)}"
     if not isinstance(record.get("created_at", 0), (int, float)):
         return f"created_at: expected a number, got {echo(record.get('created_at'))}"
     last = record.get("last_state")

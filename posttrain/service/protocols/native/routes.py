@@ -92,6 +92,7 @@ def service_routes(engine: Engine, long_polls: LongPollGate | None = None
 
     def create_run(request: Request) -> tuple[int, Any]:
         body = body_of(request)
+        engine.check_change(request.caller, session_id=body.get("session_id"))
         spec = parse_create_run(body, engine.limits, engine.module_names,
                                 optional_modules=engine.optional_lora_targets)
         return ok(engine.create_run(body.get("session_id"), spec))
@@ -104,6 +105,7 @@ def service_routes(engine: Engine, long_polls: LongPollGate | None = None
         body = body_of(request)
         run_id = request.match["run_id"]
         engine.require_run(run_id)  # an unknown run is a 404 whatever the body holds
+        engine.check_change(request.caller, run_id=run_id)
         typed = parse_primitive(primitive, body, engine.vocab_size, engine.limits)
         operation, created = engine.submit(run_id, primitive, typed, seq=sequence_number(body),
                                            fingerprint=fingerprint(primitive, body))
@@ -114,22 +116,39 @@ def service_routes(engine: Engine, long_polls: LongPollGate | None = None
         with long_polls.admit(wait_s) as allowed_s:
             return ok(engine.get_operation(request.match["operation_id"], allowed_s))
 
+    def session_change(change: Callable[[str], Any]) -> Callable[[Request], tuple[int, Any]]:
+        def call(request: Request) -> tuple[int, Any]:
+            engine.check_change(request.caller, session_id=request.match["session_id"])
+            return ok(change(request.match["session_id"]))
+        return call
+
+    def create_session(request: Request) -> tuple[int, Any]:
+        timeout_s = parse_session(body_of(request))
+        return ok(engine.create_session(timeout_s, owner=request.caller.name or None))
+
+    def cancel(request: Request) -> tuple[int, Any]:
+        engine.check_change(request.caller, run_id=request.match["run_id"])
+        return ok(engine.cancel_run(request.match["run_id"]))
+
+    def resume(request: Request) -> tuple[int, Any]:
+        session_id = parse_resume(body_of(request))
+        engine.check_change(request.caller, run_id=request.match["run_id"],
+                            session_id=session_id)
+        return ok(engine.resume_run(request.match["run_id"], session_id))
+
     table: list[tuple[str, str, Callable[[Request], tuple[int, Any]]]] = [
         ("GET", "/health", lambda r: ok({"status": "ok"})),
         ("GET", "/capabilities", lambda r: ok(engine.capabilities())),
         ("POST", "/tokenize", tokenize),
         ("POST", "/detokenize", detokenize),
-        ("POST", "/sessions", lambda r: ok(engine.create_session(parse_session(body_of(r))))),
+        ("POST", "/sessions", create_session),
         ("GET", "/sessions/{session_id}", lambda r: ok(engine.get_session(r.match["session_id"]))),
-        ("POST", "/sessions/{session_id}/heartbeat",
-         lambda r: ok(engine.heartbeat(r.match["session_id"]))),
-        ("POST", "/sessions/{session_id}/close",
-         lambda r: ok(engine.close_session(r.match["session_id"]))),
+        ("POST", "/sessions/{session_id}/heartbeat", session_change(engine.heartbeat)),
+        ("POST", "/sessions/{session_id}/close", session_change(engine.close_session)),
         ("POST", "/runs", create_run),
         ("GET", "/runs/{run_id}", lambda r: ok(engine.get_run(r.match["run_id"]))),
-        ("POST", "/runs/{run_id}/cancel", lambda r: ok(engine.cancel_run(r.match["run_id"]))),
-        ("POST", "/runs/{run_id}/resume",
-         lambda r: ok(engine.resume_run(r.match["run_id"], parse_resume(body_of(r))))),
+        ("POST", "/runs/{run_id}/cancel", cancel),
+        ("POST", "/runs/{run_id}/resume", resume),
         ("POST", "/runs/{run_id}/{primitive}", submit),
         ("GET", "/operations/{operation_id}", poll),
     ]

@@ -43,8 +43,9 @@ from typing import Any
 from posttrain.envs.wire import parse_tool_calls
 from posttrain.policy.sampler import SamplingParams
 from posttrain.policy.tool_turns import TOOL_CHATML_TEMPLATE, renders_tool_turns
-from posttrain.service.engine.errors import BadRequest, NotFound
+from posttrain.service.engine.errors import BadRequest, NotFound, ServiceError
 from posttrain.service.engine.sampler_models import ModelSource
+from posttrain.service.engine.text_encoding import Encoder
 
 MAX_SAMPLES = 16
 MAX_STOPS = 4
@@ -228,9 +229,11 @@ def _lists_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) ->
     return all(f'"{tool["function"]["name"]}"' in system for tool in tools)
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+def render_prompt(encoder: Encoder, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]]) -> list[int]:
-    """Prompt token ids: the messages through the chat template (module docstring)."""
+    """Prompt token ids: the messages through the chat template (module docstring), at a
+    bounded cost (``posttrain.service.engine.text_encoding``)."""
+    tokenizer = encoder.tokenizer
     template = None if renders_tool_turns(tokenizer) else TOOL_CHATML_TEMPLATE
     messages = [dict(message) for message in messages]
     kwargs: dict[str, Any] = {}
@@ -241,11 +244,11 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
             messages.insert(0, {"role": "system", "content": ""})
         messages[0]["content"] = (messages[0]["content"] + tools_section(tools)).lstrip()
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False, chat_template=template, **kwargs)
+        return encoder.encode_chat(messages, chat_template=template, **kwargs)
+    except ServiceError:
+        raise  # the length checks: 413 / 400 with what to do
     except Exception as error:  # the template's own refusal (a role order it rejects)
         raise BadRequest(f"messages: the model's chat template refused them: {error}") from None
-    return list(ids)
 
 
 # ------------------------------------------------------------------ models
@@ -357,8 +360,7 @@ def complete(engine: Any, models: ChatModels, body: Any) -> dict[str, Any]:
     """Answer one ``/v1/chat/completions`` body."""
     request = parse_chat_request(body, engine.limits.max_sequence_tokens)
     model_for = models.resolve(request.model)
-    tokenizer = engine.policy.tokenizer
-    prompt = render_prompt(tokenizer, request.messages, request.tools)
+    prompt = render_prompt(engine.encoder, request.messages, request.tools)
     context = engine.limits.max_sequence_tokens
     max_tokens = completion_budget(len(prompt), request.max_tokens, context)
     seed = request.seed if request.seed is not None else random.SystemRandom().randrange(2**62)

@@ -92,12 +92,13 @@ def replay_journal(service: Any, journal: Journal,
     handlers = service.journaled_routes()
     say(f"replaying {len(entries)} tinker submission(s) from {journal.location}")
     pending: list[tuple[str, str | None]] = []  # (request id, run id) of unanswered futures
+    alive = _KeepAlive(service.engine)
     replayed: set[str] = set()  # every replayed future's request id
     for number, entry in enumerate(entries, 1):
         sequenced = entry.route in SEQUENCED or (entry.route == "load_weights"
                                                  and _in_place(entry))
         if not sequenced:
-            pending = _settle(service, pending)
+            pending = _settle(service, pending, alive)
         if entry.route not in handlers:  # written by a newer posttrain
             report.failures.append(f"entry {entry.position}: unknown submission "
                                    f"{entry.route!r}")
@@ -119,25 +120,45 @@ def replay_journal(service: Any, journal: Journal,
             run_id = service.training.run_of_model(model_id) if sequenced else None
             pending.append((request_id, run_id))
             replayed.add(request_id)
-        if not sequenced:
-            pending = _settle(service, pending)  # a new client exists before its primitives
+        if not sequenced:  # a new client exists before its primitives
+            pending = _settle(service, pending, alive)
         if number % 100 == 0:
             say(f"  {number}/{len(entries)} replayed")
-    _settle(service, pending)
+    _settle(service, pending, alive)
     journal.forget_answers(set(kept) - replayed)
     report.submissions = len(entries)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _settle(service: Any, pending: list[tuple[str, str | None]]
+class _KeepAlive:
+    """Heartbeats every open session, at most once a ``every_s``: the replayed sessions'
+    clients cannot heartbeat until the replay is over. Once per entry would make a replay
+    quadratic in the sessions (3,000 took 20 s, 20,000 never started listening)."""
+
+    def __init__(self, engine: Any, every_s: float = 1.0) -> None:
+        self.engine = engine
+        self.every_s = every_s
+        self.last = float("-inf")
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            _keep_sessions_alive(self.engine)
+
+
+def _settle(service: Any, pending: list[tuple[str, str | None]], alive: _KeepAlive
             ) -> list[tuple[str, str | None]]:
     """Wait until every replayed future has its answer, except those of runs held back by
     a missing ``seq`` (a request the client had not sent when the server stopped: it
     sends it again, and the run goes on); returns those still unanswered. Meanwhile the
-    replayed sessions are kept alive: their clients cannot heartbeat until it is over."""
+    replayed sessions are kept alive (``alive``)."""
+    if not pending:
+        alive()
+        return pending
     while True:
-        _keep_sessions_alive(service.engine)
+        alive()
         waiting, left = False, []
         for request_id, run_id in pending:
             future = service.futures.get(request_id)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from posttrain.access import Caller
 from posttrain.http_core import HttpError, Request, Response, json_bytes, json_response
 from posttrain.service.engine.errors import BadRequest, Conflict, NotFound, ServiceError
 from posttrain.service.engine.sessions import new_session_id
@@ -221,9 +222,11 @@ class TinkerService:
 
     # ------------------------------------------------------------ lookups
 
-    def _open_session(self, session_id: Any) -> str:
+    def _open_session(self, session_id: Any, caller: Caller) -> str:
+        """``session_id`` when it names an open session that ``caller`` may change."""
         if not isinstance(session_id, str):
             raise BadRequest("session_id: expected a string")
+        self.engine.check_change(caller, session_id=session_id)
         status = self.engine.get_session(session_id)["status"]
         if status != "open":
             raise BadRequest(f"session {session_id} is {status}; create a new ServiceClient")
@@ -293,12 +296,14 @@ class TinkerService:
         check_sdk_version(request.json(empty={}))
         choices.session_id = choices.pick(new_session_id)
         session = self.engine.create_session(self.settings.session_timeout_s,
-                                             session_id=choices.session_id)
+                                             session_id=choices.session_id,
+                                             owner=request.caller.name or None)
         return {"session_id": session["session_id"], "type": "create_session"}
 
     def session_heartbeat(self, request: Request) -> dict[str, Any]:
         """``POST /session_heartbeat``; 410 for a finished or unknown session."""
         session_id = body_object(request.json(empty={})).get("session_id")
+        self.engine.check_change(request.caller, session_id=session_id)
         try:
             self.engine.heartbeat(session_id)
         except (NotFound, Conflict) as error:
@@ -309,6 +314,7 @@ class TinkerService:
         """``POST /sessions/{id}/finish``: close the session (its runs are cancelled). The
         session's journal entries are dropped at the next start: nothing of it is replayed."""
         session_id = request.match["session_id"]
+        self.engine.check_change(request.caller, session_id=session_id)
         session = self.engine.close_session(session_id)
         choices.session_id = session_id
         with self._lock:
@@ -329,7 +335,7 @@ class TinkerService:
     def create_sampling_session(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /create_sampling_session``: from a ``tinker://`` save or the base model."""
         body = body_object(request.json())
-        session_id = self._open_session(body.get("session_id"))
+        session_id = self._open_session(body.get("session_id"), request.caller)
         choices.session_id = session_id
         seq = whole(body, "sampling_session_seq_id", low=0)
         if body.get("base_model") is not None:
@@ -357,7 +363,7 @@ class TinkerService:
         a seed is given one here (kept in the journal, so a replay samples the same)."""
         body = body_object(request.json())
         entry = self._sampling_session(text(body, "sampling_session_id"))
-        self._open_session(entry.session_id)
+        self._open_session(entry.session_id, request.caller)
         choices.session_id = entry.session_id
         seq = whole(body, "seq_id", low=0)
         job = parse_sample(body, self.engine.vocab_size, self.engine.limits)

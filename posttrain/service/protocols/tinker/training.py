@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.access import Caller
 from posttrain.http_core import Request
 from posttrain.service.engine import state
 from posttrain.service.engine.checks import state_name
@@ -126,7 +127,7 @@ def optim_step_answer(result: dict[str, Any]) -> Answer:
 class TinkerTraining:
     """The training clients of the tinker routes and their requests (module docstring).
 
-    ``open_session(id)`` checks a session is open, ``check_base_model(name)`` that a
+    ``open_session(id, caller)`` checks a session is open and the caller's, ``check_base_model(name)`` that a
     name is the server's base model, ``register_sampling(session, seq, source, choices)``
     opens a sampling session: the service that owns sessions passes them in.
 
@@ -134,7 +135,8 @@ class TinkerTraining:
     decisions through (``journal``), so that a replay of the journal decides the same."""
 
     def __init__(self, engine: Any, futures: FutureStore, *, model_name: str,
-                 open_session: Callable[[Any], str], check_base_model: Callable[[Any], None],
+                 open_session: Callable[[Any, Caller], str],
+                 check_base_model: Callable[[Any], None],
                  register_sampling: Callable[[str, int, SamplerSource, Choices], str]):
         self.engine = engine
         self.futures = futures
@@ -162,18 +164,22 @@ class TinkerTraining:
             "model_id": model.model_id, "session_id": model.session_id,
             "lora_rank": model.lora_rank, "user_metadata": user_metadata, "owner": owner})
 
-    def _model(self, model_id: Any) -> TrainingModel:
+    def _model(self, model_id: Any, changed_by: Caller | None = None) -> TrainingModel:
+        """Training client ``model_id``; with ``changed_by``, the caller about to change it,
+        ``Forbidden`` unless its run is that caller's (``Engine.check_change``)."""
         with self._lock:
             model = self._models.get(model_id) if isinstance(model_id, str) else None
         if model is None:
             raise NotFound(f"no training model {model_id!r} here (create_lora_training_client "
                            "makes one, create_training_client_from_state one from a save)")
+        if changed_by is not None:
+            self.engine.check_change(changed_by, run_id=model.run_id)
         return model
 
     def create_model(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /create_model``: a LoRA run for a new training client (a future)."""
         body = body_object(request.json())
-        session_id = self._open_session(body.get("session_id"))
+        session_id = self._open_session(body.get("session_id"), request.caller)
         choices.session_id = session_id
         model_seq_id = whole(body, "model_seq_id", low=0)
         self._check_base_model(body.get("base_model"))
@@ -225,8 +231,8 @@ class TinkerTraining:
         or a client's own ``load_state`` (``model_id`` + ``seq_id``)."""
         body = body_object(request.json())
         if body.get("model_id") is not None:
-            return self._load_in_place(body, choices)
-        session_id = self._open_session(body.get("session_id"))
+            return self._load_in_place(body, choices, request.caller)
+        session_id = self._open_session(body.get("session_id"), request.caller)
         choices.session_id = session_id
         model_seq_id = whole(body, "model_seq_id", low=0)
         source = checkpoint_path(body.get("path"))
@@ -294,7 +300,7 @@ class TinkerTraining:
         """``POST /forward_backward`` (protobuf): ``forward_backward`` or, with
         ``forward_only``, ``forward``."""
         message = read_forward_backward(request.body, request.headers.get("content-encoding"))
-        model = self._model(message.model_id)
+        model = self._model(message.model_id, request.caller)
         if message.seq_id < 1:
             raise BadRequest(f"seq_id: expected an integer from 1 up, got {message.seq_id}")
         primitive = "forward" if message.forward_only else "forward_backward"
@@ -325,7 +331,7 @@ class TinkerTraining:
     def optim_step(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /optim_step``: one AdamW step with the ``adam_params`` sent."""
         body = body_object(request.json())
-        model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
+        model, seq = self._model(body.get("model_id"), request.caller), whole(body, "seq_id", low=1)
         params, refusal = None, None
         if body.get("adam_params") is None:
             kind = (body.get("optimizer_params") or {}).get("type", "none") \
@@ -366,7 +372,7 @@ class TinkerTraining:
     def save_weights(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /save_weights``: ``save_state`` under the name in ``path``."""
         body = body_object(request.json())
-        model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
+        model, seq = self._model(body.get("model_id"), request.caller), whole(body, "seq_id", low=1)
         name = body.get("path")
         # decided by the disk as it is now, which a replay finds changed: kept
         refusal = choices.pick(lambda: self._name_refusal(model, "weights", name,
@@ -381,7 +387,7 @@ class TinkerTraining:
         """``POST /save_weights_for_sampler``: a named PEFT export, or (no name) an
         in-memory snapshot with a sampling session on it."""
         body = body_object(request.json())
-        model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
+        model, seq = self._model(body.get("model_id"), request.caller), whole(body, "seq_id", low=1)
         digest = digest_of(body)
         name = body.get("path")
         if name is not None:  # a named, persistent save: a PEFT adapter folder
@@ -413,15 +419,16 @@ class TinkerTraining:
     def save_weights_external(self, request: Request, choices: Choices) -> dict[str, Any]:
         """``POST /save_weights_external``: refused (its seq is taken, see the docstring)."""
         body = body_object(request.json())
-        model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
+        model, seq = self._model(body.get("model_id"), request.caller), whole(body, "seq_id", low=1)
         return self._sequenced(
             model, seq, "SaveWeightsExternal", "export_lora", None, Answer.json,
             digest_of(body), choices,
             "save_weights_external is not served; save_weights_for_sampler(name) writes a PEFT "
             "adapter folder (runs/<run_id>/exports/<name> in the server's state folder)")
 
-    def _load_in_place(self, body: dict[str, Any], choices: Choices) -> dict[str, Any]:
-        model, seq = self._model(body.get("model_id")), whole(body, "seq_id", low=1)
+    def _load_in_place(self, body: dict[str, Any], choices: Choices,
+                       caller: Caller) -> dict[str, Any]:
+        model, seq = self._model(body.get("model_id"), caller), whole(body, "seq_id", low=1)
         refusal, target = None, None
         try:
             source = checkpoint_path(body.get("path"))
