@@ -281,3 +281,28 @@ def test_a_document_counted_twice_is_refused_with_its_id(tmp_path, capsys):
     assert main(["eval", "--compare", str(good), str(twice)]) == 2
     err = capsys.readouterr().err
     assert "document 1 appears twice (also line 2)" in err and f"{twice}:5" in err
+
+
+def test_a_zip_bomb_eval_log_is_refused_before_it_is_read(tmp_path, capsys):
+    """Issue #49: a 1.1 MB `.eval` that unpacked to gigabytes took 2.1 GB of memory. Its
+    members' declared sizes are summed first and the log refused past the limit, in one
+    line, without reading it (reading a member cannot give more than it declares)."""
+    import resource
+    import zipfile
+
+    from posttrain.score.eval_logs import MAX_LOG_BYTES
+
+    bomb = tmp_path / "bomb.eval"
+    chunk = b"\0" * (1 << 20)
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("samples/1_epoch_1.json", "w", force_zip64=True) as member:
+            for _ in range(MAX_LOG_BYTES // len(chunk) + 8):
+                member.write(chunk)
+    assert bomb.stat().st_size < 2 * 1024 * 1024
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert main(["eval", "--compare", str(bomb), str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert "bomb.eval" in err and "unpacks to 264 MB, more than the 256 MB" in err
+    assert len(err.strip().splitlines()) == 1
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < 100 * 1024, grown_kb  # nothing was unpacked into memory

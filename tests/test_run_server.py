@@ -332,3 +332,33 @@ def test_same_origin_writes_and_reads_under_a_foreign_host_name(server):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(rebinding, timeout=10)
     assert refused.value.code == 403
+
+
+def test_the_metrics_csv_is_one_bounded_query(server, monkeypatch):
+    """Issue #49: the CSV export of a run with 500,000 metric names took 407 s, one query
+    per name, open to anyone. Now one query whose size is bounded before the answer is
+    built: past the limit a 413 that says what to do; too many names asked, a 400."""
+    import posttrain.runs.server as run_server
+
+    names = {f"m{i:04d}": float(i) for i in range(300)}
+    ingest(server, [{"op": "create", "run": "wide", "config": {}},
+                    {"op": "metrics", "run": "wide", "step": 1, "metrics": names},
+                    {"op": "metrics", "run": "wide", "step": 2, "metrics": names}])
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(run_server, "MAX_CSV_POINTS", 599)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/api/runs/wide/metrics.csv", timeout=10)
+    assert refused.value.code == 413
+    assert "more than 599 metric points" in json.loads(refused.value.read())["error"]["message"]
+    monkeypatch.setattr(run_server, "MAX_CSV_POINTS", 600)
+    with urllib.request.urlopen(f"{base}/api/runs/wide/metrics.csv", timeout=10) as answer:
+        lines = answer.read().decode().splitlines()
+    assert len(lines) == 601 and lines[1].startswith("m0000,1,")
+    asked = ",".join(f"n{i}" for i in range(run_server.MAX_CSV_NAMES + 1))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/api/runs/wide/metrics.csv?names={asked}", timeout=10)
+    assert refused.value.code == 400
+    with urllib.request.urlopen(f"{base}/api/runs/wide/metrics.csv?names=m0007,nosuch",
+                                timeout=10) as answer:
+        assert answer.read().decode().splitlines()[1:] == [
+            line for line in lines if line.startswith("m0007,")]

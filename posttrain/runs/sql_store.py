@@ -268,6 +268,24 @@ class SqlRunStore(OpWriter):
             return self._metric_names(db, run)
 
     @checked_read
+    def metric_points(self, run: str, names: Sequence[str] | None = None, *,
+                      limit: int) -> list[tuple[str, int, float, float]] | None:
+        """Every point of ``run``'s metrics (``names``, default all) as ``(name, step,
+        value, time)``, by name then step, in one query; None when there are more than
+        ``limit`` (the caller says so instead of building an answer of any size)."""
+        check_run_name(run)
+        where, arguments = "run = ?", [run]
+        if names is not None:
+            if not names:
+                return []
+            where += f" AND name IN ({', '.join('?' * len(names))})"
+            arguments += list(names)
+        with self._reader() as db:
+            rows = db.all(f"SELECT name, step, value, time FROM metrics WHERE {where}"
+                          " ORDER BY name, step LIMIT ?", (*arguments, limit + 1))
+        return None if len(rows) > limit else [tuple(row) for row in rows]
+
+    @checked_read
     def metric_series(self, run: str, metric: str, *, max_points: int | None = None,
                       after_step: int | None = None) -> dict[str, Any]:
         """One curve: ``{"name", "steps", "values", "times", "count", "downsampled"}``.

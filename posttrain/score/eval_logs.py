@@ -38,6 +38,10 @@ from posttrain.score.rows import load_rows
 POSTTRAIN_ROWS, INSPECT_LOG, LM_EVAL_SAMPLES = "posttrain rows", "inspect log", "lm-eval samples"
 #: the category of a row whose log names none (as ``load_rows`` defaults it)
 NO_CATEGORY = "all"
+#: the most bytes one inspect_ai log may unpack to (a .eval's members as the archive
+#: declares them, which bounds what reading them can produce; a .json log's size): past
+#: it the log is refused before it is read (a 1.1 MB zip bomb took 2.1 GB of memory)
+MAX_LOG_BYTES = 256 * 1024 * 1024
 _LM_EVAL_NAME = re.compile(r"^samples_(?P<task>.+)_(?P<time>\d{4}-\d{2}-\d{2}T[\d.\-]+)\.jsonl$")
 
 
@@ -121,6 +125,29 @@ def _is_inspect_json(path: Path) -> bool:
     return head.lstrip().startswith("{") and '"eval"' in head
 
 
+def check_log_size(path: Path, limit: int = MAX_LOG_BYTES) -> None:
+    """``InputFileError`` when an inspect_ai log would unpack to more than ``limit`` bytes:
+    a ``.eval`` archive by its members' declared sizes (reading cannot give more than a
+    member declares), any other file by its size on disk."""
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                unpacked = sum(member.file_size for member in archive.infolist())
+        except (zipfile.BadZipFile, OSError) as error:
+            raise InputFileError(str(path), None, None,
+                                 f"not a readable inspect_ai log ({error})") from None
+    else:
+        unpacked = path.stat().st_size
+    if unpacked > limit:
+        raise InputFileError(str(path), None, None,
+                             f"unpacks to {unpacked / 2**20:,.0f} MB, more than the "
+                             f"{limit / 2**20:,.0f} MB posttrain reads from one log (a "
+                             "compressed bomb, or a log too large to compare in memory: "
+                             "compare fewer samples)")
+
+
 def _inspect_log(path: Path, score: str | None) -> ComparedRows:
     try:
         from inspect_ai.log import read_eval_log
@@ -130,6 +157,7 @@ def _inspect_log(path: Path, score: str | None) -> ComparedRows:
             f"{path}: reading an inspect_ai log needs the inspect_ai package; install "
             "posttrain's ecosystem extra (pip install 'posttrain[ecosystem]', Python 3.11+)"
         ) from None
+    check_log_size(path)
     try:
         log = read_eval_log(str(path))
     except Exception as error:  # a truncated zip, a JSON of another shape
