@@ -372,3 +372,44 @@ def test_a_recipe_flag_records_the_url_without_its_password(tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_postgres_urls_that_cannot_serve_are_one_line_without_the_password(
+        postgres_server, tmp_path, capsys):
+    """Issue #49, class 6: PostgreSQL URLs with odd options or ports, or a user who may not
+    create the tables, gave tracebacks, and one printed the password. Each is one line,
+    exit 2, and the password appears nowhere."""
+    import uuid
+
+    import psycopg
+
+    from posttrain.cli import main
+    from posttrain.service.engine.errors import ServiceError
+    from posttrain.service.protocols.tinker.journal import Journal
+
+    secret = f"pw-{uuid.uuid4().hex[:10]}"
+    database = postgres_server.new_database().rsplit("/", 1)[1]
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as connection:
+        connection.execute(f'CREATE ROLE "{role}" LOGIN')
+    port = postgres_server.port
+    urls = [
+        f"postgresql://{role}:{secret}@127.0.0.1:{port}/{database}",  # may not create tables
+        f"postgresql://u:{secret}@127.0.0.1:notaport/{database}",
+        f"postgresql://u:{secret}@127.0.0.1:99999/{database}",
+        f"postgresql://u:{secret}@127.0.0.1:{port}/{database}?bogus_option=1",
+        f"postgresql://u:{secret}@127.0.0.1:{port}/{database}?sslmode=sometimes",
+    ]
+    for url in urls:
+        code = main(["runs", "list", "--store", url])
+        out, err = capsys.readouterr()
+        assert code == 2, (url, out, err)
+        assert len(err.strip().splitlines()) == 1, (url, err)
+        assert secret not in out + err, (url, err)
+        assert "Traceback" not in err
+        try:
+            Journal(tmp_path, url)
+        except ServiceError as error:
+            assert secret not in error.message and "\n" not in error.message, error.message
+        else:
+            raise AssertionError(f"the journal opened on {url}")

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from posttrain.access import ADMIN, Caller
 from posttrain.runs import sql
@@ -49,16 +49,27 @@ def redacted(url: str) -> str:
     """``url`` with its password replaced by ``***`` (for messages, logs and configs)."""
     try:
         parts = urlsplit(url)
+        password = parts.password
     except ValueError:
         return "<a malformed URL>"
-    if parts.password is None:
+    if password is None:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    # the netloc as written after the "@" (a port that is not a number stays as it was:
+    # ``parts.port`` would raise on it)
+    host_and_port = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host_and_port}"))
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with the URL's password, as written and
+    as decoded, replaced by ``***``: libpq echoes parts of a connection string back."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    for secret in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(secret, "***")
+    return text
 
 
 def _driver() -> Any:
@@ -112,11 +123,13 @@ class PostgresRunStore(SqlRunStore):
         except self._psycopg.OperationalError as error:
             raise StoreUnreachable(self._unreachable(error)) from None
         except self._psycopg.ProgrammingError as error:  # a URL libpq cannot parse
-            raise RunStoreError(f"bad PostgreSQL URL {self.location}: {error}") from None
+            raise RunStoreError(f"bad PostgreSQL URL {self.location}: "
+                                f"{scrubbed(error_line(error), self.url)}") from None
 
     def _unreachable(self, error: BaseException) -> str:
-        return (f"the run store {self.location} cannot be reached ({error_line(error)}); check "
-                f"that the server runs and the URL's host, port, user and database")
+        return (f"the run store {self.location} cannot be reached "
+                f"({scrubbed(error_line(error), self.url)}); check that the server runs and "
+                "the URL's host, port, user and database")
 
     def _connection_lost(self, error: BaseException) -> bool:
         errors = (self._psycopg.OperationalError, self._psycopg.InterfaceError)
@@ -133,6 +146,15 @@ class PostgresRunStore(SqlRunStore):
         except Exception as error:
             if self._connection_lost(error):
                 raise StoreUnreachable(self._unreachable(error)) from None
+            if isinstance(error, self._psycopg.errors.InsufficientPrivilege):
+                raise RunStoreError(
+                    f"the run store {self.location} refused this user "
+                    f"({scrubbed(error_line(error), self.url)}): it needs to create and "
+                    "write the posttrain tables (or have an owner create them first)"
+                ) from None
+            if isinstance(error, self._psycopg.Error):  # the database's refusal, one line
+                raise RunStoreError(f"the run store {self.location} refused a request "
+                                    f"({scrubbed(error_line(error), self.url)})") from None
             raise
 
     def _read_connection(self) -> Any:
