@@ -8,6 +8,7 @@ subcommand is one new module plus one line in ``COMMAND_MODULES``.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -54,6 +55,32 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"posttrain {args.command}: interrupted", file=sys.stderr)
         return 130
+    except (OSError, RuntimeError) as error:
+        # a save that ran out of room (a checkpoint, the store, a model build): one line
+        # that says what to do, not a library's traceback; the run is already marked
+        full = disk_full(error)
+        if full is None:
+            raise
+        print(f"posttrain {args.command}: error: {full}", file=sys.stderr)
+        return 2
+
+
+#: what a full disk or an exhausted quota says, as an errno or in a library's message
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+
+
+def disk_full(error: BaseException) -> str | None:
+    """One line for an error that means the disk (or the quota) is full, else None."""
+    text = str(error)
+    errno_full = isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
+    if not errno_full and not any(words in text for words in DISK_FULL_WORDS):
+        return None
+    where = getattr(error, "filename", None)
+    place = f" while writing {where}" if where else ""
+    return (f"no space left on the device{place}: free some space (or point --runs-dir and "
+            "the model cache, POSTTRAIN_MODELS, at a larger disk) and run again; a run that "
+            "was writing is marked failed")
 
 
 if __name__ == "__main__":

@@ -81,3 +81,31 @@ def test_a_run_named_after_the_stores_own_files_is_refused(capsys, tmp_path, nam
     assert code == 2 and "the run store's own file" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs" / name).is_dir()  # no run folder in the store's place
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_the_adapter_save_is_one_line_and_a_failed_run(
+        starter_2m_folder, tmp_path, monkeypatch, capsys):
+    """Issue #49, class 6: a full disk during a save gave a library's traceback. The
+    command says so in one line (exit 2) and the run is marked failed in its summary."""
+    import errno
+    import json
+
+    import peft
+
+    def full(self, path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(peft.PeftModel, "save_pretrained", full)
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--base-model", "starter-2m", "--prompts", "40", "--steps", "1",
+                 "--num-generations", "2", "--eval-samples", "1", "--eval-repeats", "1",
+                 "--monitor-every", "0", "--runs-dir", str(runs), "--run-name", "full"])
+    err = capsys.readouterr().err
+    assert code == 2
+    [said] = [line for line in err.splitlines() if line.startswith("posttrain grpo:")]
+    assert "Traceback" not in err and said.startswith("posttrain grpo: error: no space left "
+                                                      "on the device while writing")
+    assert "adapter" in said
+    summary = json.loads((runs / "full" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left" in summary["error"]
