@@ -109,3 +109,52 @@ def test_a_full_disk_during_the_adapter_save_is_one_line_and_a_failed_run(
     assert "adapter" in said
     summary = json.loads((runs / "full" / "summary.json").read_text())
     assert summary["status"] == "failed" and "No space left" in summary["error"]
+
+
+@pytest.mark.slow
+def test_overwrite_keeps_the_old_run_until_the_new_one_is_done(starter_2m_folder, tmp_path,
+                                                               monkeypatch, capsys):
+    """Issue #49, class 7: `--overwrite` removed the old complete run before the new one
+    succeeded. Now the old one is moved aside; a new run that fails puts it back (folder
+    byte for byte, and its record in the store); one that ends done removes it."""
+    import errno
+    import hashlib
+
+    import peft
+
+    from posttrain.runs.sqlite_store import SqliteRunStore
+
+    runs = tmp_path / "runs"
+    common = ["grpo", "--base-model", "starter-2m", "--prompts", "40", "--steps", "1",
+              "--num-generations", "2", "--eval-samples", "1", "--eval-repeats", "1",
+              "--monitor-every", "0", "--runs-dir", str(runs), "--run-name", "kept"]
+
+    def contents() -> dict:
+        return {str(path.relative_to(runs / "kept")): hashlib.sha256(path.read_bytes())
+                .hexdigest() for path in sorted((runs / "kept").rglob("*")) if path.is_file()}
+
+    def record() -> dict:
+        with SqliteRunStore(runs / "posttrain.db") as store:
+            run = store.get_run("kept")
+            return {key: run[key] for key in ("status", "config", "summary", "metric_names")}
+
+    assert main(common) in (0, 1)
+    old_files, old_record = contents(), record()
+    assert old_record["status"] == "done"
+
+    def full(self, path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(peft.PeftModel, "save_pretrained", full)
+        assert main([*common, "--overwrite", "--seed", "1"]) == 2
+    out = capsys.readouterr().out
+    assert "run 'kept' is back as it was before --overwrite (its folder and its record)" in out
+    assert contents() == old_files and record() == old_record
+    assert sorted(path.name for path in runs.iterdir()) == ["kept", "posttrain.db"]
+
+    assert main([*common, "--overwrite", "--seed", "1"]) in (0, 1)
+    new_record = record()
+    assert new_record["status"] == "done"
+    assert new_record["config"]["settings"]["seed"] == 1 and contents() != old_files
+    assert sorted(path.name for path in runs.iterdir()) == ["kept", "posttrain.db"]

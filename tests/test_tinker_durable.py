@@ -447,3 +447,46 @@ def test_a_second_server_on_one_state_folder_stops_before_loading(starter_2m_fol
         again.stop()
     finally:
         first.stop()
+
+
+def test_journal_rows_that_are_not_entries_are_said_and_skipped(policy, tmp_path,
+                                                                one_torch_thread):
+    """Issue #49, class 3: journal values that are not JSON gave tracebacks at start. Each
+    row is checked for an entry's shape on read; a damaged one is named by its position
+    in one line and left out, and the rest replays."""
+    import sqlite3
+
+    from posttrain.service.protocols.tinker.journal import JOURNAL_FILE, Entry
+    from posttrain.service.protocols.tinker.replay import replay_journal
+    from posttrain.service.protocols.tinker.routes import TinkerService
+
+    journal = Journal(tmp_path)
+    good = "sess-00000000000000aa"
+    journal.append(Entry("create_session", {}, json.dumps(
+        {"sdk_version": tinker.__version__}).encode(), None, None, [good], good))
+    service = journal.service
+    journal.close()
+    with sqlite3.connect(tmp_path / JOURNAL_FILE) as db:
+        insert = ("INSERT INTO tinker_journal (service, route, path_match, body, "
+                  "content_encoding, caller, choices, session_id, at) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)")
+        db.execute(insert, (service, "create_session", "{}", b"{}", None, None,
+                            "not json", "sess-1"))
+        db.execute(insert, (service, "create_session", "{}", b"{}", None, "../root",
+                            "[]", "sess-2"))
+        db.execute(insert, (service, "../../x", "{}", b"{}", None, None, "[]", "sess-3"))
+        db.execute(insert, (service, "create_session", "[1, 2]", b"{}", None, None,
+                            "[]", "sess-4"))
+    engine = Engine(BASE, tmp_path, policy=policy, torch_threads=one_torch_thread)
+    journal = Journal(tmp_path)
+    try:
+        report = replay_journal(TinkerService(engine, journal=journal), journal)
+        assert report.submissions == 1
+        damaged = [line for line in report.failures if "damaged, not replayed" in line]
+        assert len(damaged) == 4 and all("\n" not in line for line in damaged)
+        assert any("not JSON" in line for line in damaged)
+        assert any("caller" in line for line in damaged)
+        assert engine.get_session(good)["status"] == "open"
+    finally:
+        engine.shutdown()
+        journal.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,8 @@ class NewRun:
     folder: RunFolder
     claim: RunClaim
     replacing: bool = False
+    #: the replaced run's folder, moved aside until this run ends (``create_run_folder``)
+    aside: Path | None = None
 
     def abandon(self) -> None:
         """The run never started (its model failed to load): let the name go, removing
@@ -96,9 +99,32 @@ class NewRun:
                 pass  # something else was put there meanwhile: it stays
         self.claim.release()
 
-    def finish(self) -> None:
-        """The run ended: let the name go (the folder keeps only its results)."""
+    def finish(self, succeeded: bool = True) -> bool:
+        """The run ended: let the name go (the folder keeps only its results). With a
+        replaced run moved aside (``--overwrite``): on success it is removed; otherwise
+        this run's folder goes and the replaced one is put back (returns True then)."""
         self.claim.release(remove_file=True)
+        aside, self.aside = self.aside, None
+        if aside is None:
+            return False
+        if succeeded:
+            shutil.rmtree(aside, ignore_errors=True)
+            return False
+        path = self.folder.path
+        failed = path.with_name(f".{path.name}.failed-{uuid.uuid4().hex[:8]}")
+        try:
+            path.rename(failed)
+            aside.rename(path)
+        except OSError as error:
+            raise PosttrainError(f"--overwrite: the new run did not finish and the run it "
+                                 f"replaced could not be put back ({error.strerror or error}): "
+                                 f"it is in {aside}") from None
+        shutil.rmtree(failed, ignore_errors=True)
+        try:  # the lock this start took on the old folder (a finished run keeps none)
+            (path / LOCK_FILE).unlink()
+        except OSError:
+            pass
+        return True
 
 
 def _only_lock(path: Path) -> bool:
@@ -176,20 +202,26 @@ def is_run_folder(path: Path) -> bool:
 
 def create_run_folder(new: NewRun) -> RunFolder:
     """Make the run's folder ready for its files, once the model has loaded: a replaced
-    run's folder is removed now and made anew (its lock taken over); a new run's folder
-    exists already."""
+    run's folder is moved aside (``.<name>.replaced-<id>``, put back by ``NewRun.finish``
+    when this run does not succeed) and made anew (its lock taken over); a new run's
+    folder exists already."""
     if not new.replacing:
         return new.folder
     path = new.folder.path
     _check_replaceable(path)
+    # the replaced run is moved aside, not removed: it comes back if this run fails
+    aside = path.with_name(f".{path.name}.replaced-{uuid.uuid4().hex[:8]}")
     try:
-        shutil.rmtree(path)
+        path.rename(aside)
         path.mkdir(parents=True)
     except FileExistsError:
         raise _live_error(new.folder.name, path) from None
     except OSError as error:
+        if aside.exists() and not path.exists():
+            aside.rename(path)
         raise PosttrainError(f"--overwrite: could not replace {path} "
-                             f"({error.strerror or error}); part of it may be left") from None
+                             f"({error.strerror or error}); the run there is kept") from None
+    new.aside = aside
     old = new.claim
     new.claim = _claim_or_refuse(new.folder.name, path)
     new.replacing = False

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from posttrain.runs.copy import run_ops
 from posttrain.runs.http_store import HttpRunStore, check_server_url
 from posttrain.runs.ops import (
     DB_FILENAME,
@@ -223,6 +224,10 @@ class RunHandle:
             self._jsonl = (self.run_dir / METRICS_FILENAME).open("w", encoding="utf-8")
         self._stop_beating = threading.Event()
         self._beater: threading.Thread | None = None
+        #: the run this one replaces, as the ops that write it again (``open_run``'s
+        #: ``keep_replaced``): put back when this run does not finish ``done``
+        self.replaced_ops: list[dict[str, Any]] | None = None
+        self.restored = False
         self.start_heartbeat(heartbeat_seconds)
 
     def start_heartbeat(self, interval: float | None) -> None:
@@ -317,6 +322,13 @@ class RunHandle:
         if self._beater is not None:
             self._beater.join(timeout=10)
         self._guard("finish", self.store.finish_run, summary or {}, status, None)
+        if status != "done" and self.replaced_ops:
+            # --overwrite: the new run did not get through, so the old one comes back
+            try:
+                self.store.apply(self.replaced_ops)
+                self.restored = True
+            except Exception as error:  # never more than a warning, as every store call
+                self._warn("restore the run it replaced", error)
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
@@ -403,8 +415,13 @@ def _check_step(step: Any) -> None:
 def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None,
              run_dir: str | os.PathLike | None = None,
              runs_root: str | os.PathLike = "runs", store_url: str | None = None,
-             heartbeat_seconds: float | None = HEARTBEAT_SECONDS) -> RunHandle:
+             heartbeat_seconds: float | None = HEARTBEAT_SECONDS,
+             keep_replaced: bool = False) -> RunHandle:
     """Start run ``name`` with its ``config`` and return the handle that writes it.
+
+    ``keep_replaced`` (``--overwrite``): an earlier run of the same name in a SQL store is
+    read first and written back when this run finishes anything but ``done`` (a store the
+    handle cannot read back, a run server, keeps only the new record).
 
     ``store``: where to write; None picks ``default_store(runs_root, store_url)`` (the
     store named by ``store_url`` or ``POSTTRAIN_STORE``, else the server named by
@@ -421,6 +438,13 @@ def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None
     # created before the heartbeat thread starts: a beat never precedes the create
     handle = RunHandle(name, store, run_dir=run_dir, owns_store=owns_store,
                        heartbeat_seconds=None)
+    if keep_replaced and isinstance(store, SqlRunStore):
+        try:
+            earlier = store.get_run(name)
+            if earlier is not None:
+                handle.replaced_ops = list(run_ops(store, earlier))
+        except Exception as error:  # then only the new record is kept, as before
+            handle._warn("read the run it replaces", error)
     handle._guard("create the run", store.create_run, dict(config), None)
     handle.start_heartbeat(heartbeat_seconds)
     return handle

@@ -223,8 +223,9 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
     folder = prepared.folder
     folder.write_json("config.json", config)
     # one record of the run: the main process's (the others log nothing)
+    replacing = new_run is not None and new_run.aside is not None  # --overwrite
     run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=prepared.root,
-                    store_url=settings.store)
+                    store_url=settings.store, keep_replaced=replacing)
            if ranks.is_main else NullRun())
     page = getattr(run, "url", None) or _local_run_page(prepared.root, settings.run_name)
     where = f"  dashboard: {page}" if page else ""
@@ -397,9 +398,13 @@ def finishing(context: RecipeContext[Any]) -> Iterator[Measured]:
         measured.summary = finish_summary(context, summary, measured.before, measured.after,
                                           measured.outcome, context.timings,
                                           cold_start=measured.cold_start)
-        context.run.finish(measured.summary, status=measured.summary["status"])
-        if context.claim is not None:
-            context.claim.finish()
+        status = measured.summary["status"]
+        context.run.finish(measured.summary, status=status)
+        if context.claim is not None and context.claim.finish(succeeded=status == "done"):
+            context.say(f"the run ended {status}: run {context.settings.run_name!r} is back as "
+                        "it was before --overwrite (its folder"
+                        + (" and its record" if getattr(context.run, "restored", False) else "")
+                        + ")")
         elif not context.ranks.is_main:  # another process's scratch run folder: not kept
             shutil.rmtree(context.folder.path, ignore_errors=True)
 

@@ -169,7 +169,10 @@ class RecipeSettings(DataFlags):
                           "<runs folder>/posttrain.db, or $POSTTRAIN_SERVER when set)"},
     )
     overwrite: bool = field(
-        default=False, metadata={"help": "replace an existing run of the same name"}
+        default=False, metadata={"help": "replace an existing run of the same name: the old "
+                                 "run is moved aside and removed once the new one ends done; "
+                                 "if the new one fails or is stopped, the old one comes back "
+                                 "(its folder, and its record in a SQL run store)"}
     )
     from_run: str | None = field(
         default=None,

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from posttrain.access import NAME as CALLER_NAME
 from posttrain.atomic import write_text_atomic
 from posttrain.runs import sql
 from posttrain.runs.postgres_store import is_postgres_url, redacted
 from posttrain.service.engine.errors import ServiceError
-from posttrain.text import error_line
+from posttrain.text import echo, error_line
 
 T = TypeVar("T")
 JOURNAL_FILE = "tinker-journal.sqlite"
@@ -149,6 +150,7 @@ class Journal:
             self._reconnect = lambda: sqlite3.connect(path, timeout=30, isolation_level=None,
                                                       check_same_thread=False)
         self._connection: Any = None
+        self.damaged: list[str] = []  # rows the last ``entries`` left out, and why
         blob = "BYTEA" if self.dialect is sql.POSTGRES else "BLOB"
         text = _TABLES.format(serial=self.dialect.serial_key, blob=blob,
                               real=self.dialect.real)
@@ -216,15 +218,21 @@ class Journal:
                     entry.session_id, time.time()))
 
     def entries(self) -> list[Entry]:
-        """Every kept submission, oldest first."""
+        """Every kept submission, oldest first; a row whose values do not have an entry's
+        shape is left out and described in ``self.damaged``."""
         with self._transaction() as db:
             rows = db.all("SELECT position, route, path_match, body, content_encoding, "
                           "caller, choices, session_id FROM tinker_journal WHERE service = ? "
                           "ORDER BY position", (self.service,))
-        return [Entry(route, json.loads(match), bytes(body), encoding, caller,
-                      json.loads(choices), session_id, position)
-                for position, route, match, body, encoding, caller, choices, session_id
-                in rows]
+        self.damaged = []
+        entries: list[Entry] = []
+        for row in rows:
+            entry, problem = _entry_of(row)
+            if entry is None:  # data, checked on read: said and left out, never a traceback
+                self.damaged.append(f"entry {row[0]}: damaged, not replayed ({problem})")
+            else:
+                entries.append(entry)
+        return entries
 
     def forget_sessions(self, session_ids: set[str]) -> int:
         """Drop the entries and answers of ``session_ids`` (finished sessions: nothing of
@@ -267,3 +275,28 @@ class Journal:
             if self._connection is not None:
                 self._drop_connection()
 
+
+def _entry_of(row: tuple[Any, ...]) -> tuple[Entry | None, str]:
+    """A journal row as an ``Entry``, or None and what is wrong with it (stored values are
+    data: each is checked for its shape before anything uses it)."""
+    position, route, match, body, encoding, caller, choices, session_id = row
+    try:
+        match, choices = json.loads(match), json.loads(choices)
+    except (TypeError, ValueError):
+        return None, "path_match or choices is not JSON"
+    if not isinstance(route, str) or not route.isidentifier():
+        return None, f"route {echo(route)}"
+    if not isinstance(match, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in match.items()):
+        return None, "path_match is not an object of strings"
+    if not isinstance(choices, list):
+        return None, "choices is not a list"
+    for name, value in (("content_encoding", encoding), ("session_id", session_id)):
+        if value is not None and not isinstance(value, str):
+            return None, f"{name} {echo(value)}"
+    if caller is not None and not (isinstance(caller, str) and CALLER_NAME.fullmatch(caller)):
+        return None, f"caller {echo(caller)}"
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        return None, "body is not bytes"
+    return Entry(route, match, bytes(body), encoding, caller, choices, session_id,
+                 position), ""

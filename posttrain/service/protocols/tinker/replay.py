@@ -80,9 +80,10 @@ def replay_journal(service: Any, journal: Journal,
     it answers anyone); returns what happened. ``say`` gets progress lines."""
     started = time.monotonic()
     entries = journal.entries()
+    damaged = list(journal.damaged)  # said in the report, the rest still replays
     finished = {entry.session_id for entry in entries
                 if entry.route in ENDS_A_SESSION and entry.session_id}
-    report = ReplayReport(dropped=journal.forget_sessions(finished))
+    report = ReplayReport(dropped=journal.forget_sessions(finished), failures=damaged)
     entries = [entry for entry in entries if entry.session_id not in finished]
     if not entries:
         return report
