@@ -360,6 +360,7 @@ def complete(engine: Any, models: ChatModels, body: Any) -> dict[str, Any]:
     """Answer one ``/v1/chat/completions`` body."""
     request = parse_chat_request(body, engine.limits.max_sequence_tokens)
     model_for = models.resolve(request.model)
+    tokenizer = engine.policy.tokenizer
     prompt = render_prompt(engine.encoder, request.messages, request.tools)
     context = engine.limits.max_sequence_tokens
     max_tokens = completion_budget(len(prompt), request.max_tokens, context)
