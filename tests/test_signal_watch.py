@@ -208,3 +208,14 @@ def test_a_run_whose_every_reply_passes_stops_when_solved(starter_2m_folder, tmp
     assert "training: stopped after step 2 of 6" in out
     config = json.loads((runs / "solved" / "config.json").read_text())
     assert config["settings"]["stop_when_solved"] == 2
+
+
+def test_a_policy_trained_before_rl_that_passes_everything_raises_no_alarm():
+    # a cold start (or --from-run) that already solved the rule: dead because it learned
+    run = Recorder()
+    feed(SignalWatch(run, trained_before=True), [1.0] * 6, rewards=[1.0] * 6)
+    assert run.alarms == []
+    # stuck at a middling reward after one: still an alarm
+    run = Recorder()
+    feed(SignalWatch(run, trained_before=True), [1.0] * 6, rewards=[0.4] * 6)
+    assert run.alarms == [("no_signal", 5)]

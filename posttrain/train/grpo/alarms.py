@@ -247,15 +247,18 @@ NO_SIGNAL_REMEDIES = (
 
 
 def no_signal_alarm(step: int, dead_shares: list[float], rules: AlarmRules,
-                    rewards: list[float] | None = None) -> Alarm | None:
+                    rewards: list[float] | None = None, *,
+                    trained_before: bool = False) -> Alarm | None:
     """``no_signal`` when each of the last ``dead_steps`` shares of groups with all-equal
     rewards (TRL's ``frac_reward_zero_std``) is at least ``max_dead_share``, unless the
     run learned its way there (module docstring; ``rewards``: each step's mean training
-    reward, TRL's ``reward``)."""
+    reward, TRL's ``reward``). ``trained_before``: the policy learned the rule before RL
+    began (a cold start, ``--from-run``), so rewards saturated from the first step are
+    what it learned, not a reward that pays for everything."""
     recent = dead_shares[-rules.dead_steps:]
     if len(recent) < rules.dead_steps or min(recent) < rules.max_dead_share:
         return None
-    had_signal = min(dead_shares, default=1.0) < rules.max_dead_share
+    had_signal = trained_before or min(dead_shares, default=1.0) < rules.max_dead_share
     recent_rewards = (rewards or [])[-rules.dead_steps:]
     if (had_signal and len(recent_rewards) == len(recent)
             and sum(recent_rewards) / len(recent_rewards) >= rules.saturated_reward):

@@ -46,12 +46,13 @@ class SignalWatch(HFTrainerCallback):
 
     def __init__(self, run: Any, rules: AlarmRules | None = None, *,
                  reward: Any = None, stop_when_solved: int = 0,
-                 ranks: Ranks = Ranks()) -> None:
+                 ranks: Ranks = Ranks(), trained_before: bool = False) -> None:
         self.run = run
         self.rules = rules or AlarmRules()
         self.reward = reward
         self.stop_when_solved = stop_when_solved if reward is not None else 0
         self.ranks = ranks
+        self.trained_before = trained_before  # see alarms.no_signal_alarm
         self.dead_shares: list[float] = []
         self.spreads: list[float] = []
         self.rewards: list[float] = []
@@ -76,7 +77,7 @@ class SignalWatch(HFTrainerCallback):
             return  # once per run
         alarm = no_signal_alarm(state.global_step, self.dead_shares, self.rules,
                                 self.rewards if len(self.rewards) == len(self.dead_shares)
-                                else None)
+                                else None, trained_before=self.trained_before)
         if alarm is not None:
             self.alarms.append(alarm.to_dict())
             self.run.alarm(alarm.kind, alarm.step, alarm.message, alarm.details)

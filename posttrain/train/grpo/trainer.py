@@ -149,14 +149,17 @@ def generation_share(history: list[dict[str, Any]]) -> float | None:
     return round(generating / stepping, 4) if generating and stepping else None
 
 
-def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings) -> TrainOutcome:
+def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
+               cold_started: bool = False) -> TrainOutcome:
     """The GRPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the GRPO
     trainer built on the policy, run with the console, the run store, the no-signal watch
-    and the hack monitor; the adapter saved; what the run measured about its steps."""
+    and the hack monitor; the adapter saved; what the run measured about its steps.
+    ``cold_started``: the run's cold start trained the policy first."""
     reward: RuleReward = context.reward
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run, reward=reward,
-                               stop_when_solved=settings.stop_when_solved, ranks=context.ranks)
+                               stop_when_solved=settings.stop_when_solved, ranks=context.ranks,
+                               trained_before=cold_started or settings.from_run is not None)
     main = context.ranks.is_main
     callbacks: list[Any] = [store_callback, ConsoleProgress("training", enabled=main),
                             signal_watch]
@@ -280,6 +283,6 @@ def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
             measured.cold_start = cold.evaluation
             measured.notes["cold_start"].update(cold.to_dict())
         with recipe.timed(context, "train_s"):
-            measured.outcome = train_grpo(context, settings)
+            measured.outcome = train_grpo(context, settings, cold_started=choice.run)
         measured.after = recipe.evaluate_trained(context, measured.outcome)
     return measured.summary
