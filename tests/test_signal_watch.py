@@ -105,9 +105,9 @@ class Rows:
     def __init__(self):
         self.history = []
 
-    def step(self, passed, failed=0, custom=False):
+    def step(self, passed, failed=0, custom=False, category="a"):
         for ok in [True] * passed + [False] * failed:
-            row = {"score": 1.0 if ok else 0.3}
+            row = {"score": 1.0 if ok else 0.3, "category": category}
             if custom:  # trained on --reward: the rule's own score is the pass
                 row = {"score": 0.5, "rule_score": row["score"]}
             self.history.append(row)
@@ -135,6 +135,7 @@ def test_three_solved_steps_in_a_row_end_training_after_the_third():
     line = watch.stop_line(40)
     assert line.startswith("training: stopped after step 7 of 40: every completion of the "
                            "last 3 steps passed the rule")
+    assert "every category" not in line  # none named: no category condition
     assert watch.stop_line(7) is None  # the run's last step anyway: nothing to say
 
 
@@ -198,14 +199,17 @@ def test_a_run_whose_every_reply_passes_stops_when_solved(starter_2m_folder, tmp
     runs = tmp_path / "runs"
     code = main(["grpo", "--env", "lenient_env:ENV", "--base-model", "starter-2m",
                  "--prompts", "40", "--eval-samples", "1", "--eval-repeats", "1",
-                 "--monitor-every", "0", "--num-generations", "4", "--steps", "6",
+                 "--monitor-every", "0", "--num-generations", "4", "--steps", "12",
                  "--stop-when-solved", "2", "--runs-dir", str(runs), "--run-name", "solved"])
     assert code in (0, 1)
     out = capsys.readouterr().out
     summary = json.loads((runs / "solved" / "summary.json").read_text())
     assert summary["status"] == "done"
-    assert summary["signal"]["solved_at"] == 2 and summary["signal"]["steps"] == 2
-    assert "training: stopped after step 2 of 6" in out
+    # two solved steps at least, and as many more as it takes to draw all three categories
+    solved_at = summary["signal"]["solved_at"]
+    assert 2 <= solved_at < 12 and summary["signal"]["steps"] == solved_at
+    assert f"training: stopped after step {solved_at} of 12" in out
+    assert "prompts of every category among them" in out
     config = json.loads((runs / "solved" / "config.json").read_text())
     assert config["settings"]["stop_when_solved"] == 2
 
@@ -219,3 +223,22 @@ def test_a_policy_trained_before_rl_that_passes_everything_raises_no_alarm():
     run = Recorder()
     feed(SignalWatch(run, trained_before=True), [1.0] * 6, rewards=[0.4] * 6)
     assert run.alarms == [("no_signal", 5)]
+
+
+def test_a_solved_streak_must_have_drawn_every_category():
+    """The library example stopped at step 6 with its chitchat prompts never drawn in the
+    streak, and failing: a streak counts only once it has seen every train category."""
+    reward = Rows()
+    watch = SignalWatch(Recorder(), reward=reward, stop_when_solved=2,
+                        categories=frozenset({"loan", "chitchat"}))
+    stops = []
+    for number, category in enumerate(["loan", "loan", "loan", "chitchat", "loan"], 1):
+        reward.step(8, category=category)
+        control = SimpleNamespace(should_training_stop=False)
+        watch.on_log(None, SimpleNamespace(global_step=number), control,
+                     logs={"frac_reward_zero_std": 1.0})
+        stops.append(control.should_training_stop)
+    assert stops == [False, False, False, True, False][:len(stops)]
+    assert watch.stopped_at == 4
+    assert "last 4 steps passed the rule and every group scored alike, prompts of every " \
+        "category among them" in watch.stop_line(40)

@@ -106,3 +106,46 @@ def test_serve_takes_lower_per_call_limits_and_refuses_nonsense(capsys):
     for flag in ("--max-tokens-per-call", "--max-sequence-tokens"):
         assert main(["serve", flag, "0"]) == 2
         assert flag in capsys.readouterr().err
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+TEXTS = st.text(alphabet=st.sampled_from("ab9 .,\n\tZé漢-"), max_size=1500) | st.text(
+    max_size=300)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=TEXTS)
+def test_any_text_cut_into_pieces_still_encodes_the_same_text(starter_2m, text):
+    """Property (class 4): whatever a client sends, the pieces put together are the text,
+    its encoding decodes back to it, and text without a long unbroken run is encoded
+    exactly as the tokenizer would."""
+    tokenizer = starter_2m.tokenizer
+    encoder = Encoder.for_tokenizer(tokenizer, 100_000)
+    assert "".join(pieces(text)) == text
+    ids = encoder.encode(text)
+    assert tokenizer.decode(ids) == tokenizer.decode(
+        tokenizer.encode(text, add_special_tokens=False))
+    if len(pieces(text)) == 1:
+        assert ids == tokenizer.encode(text, add_special_tokens=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(run_id=st.text(max_size=80))
+def test_a_run_id_is_a_name_inside_the_state_folder_or_refused(run_id):
+    """Property (class 3): any value read back as a run id either names a folder directly
+    under ``<state>/runs`` or is refused; it never reaches anywhere else."""
+    from pathlib import Path
+
+    from posttrain.service.engine import state
+    from posttrain.service.engine.errors import BadRequest
+
+    root = Path("/state")
+    try:
+        folder = state.run_folder(root, run_id)
+    except BadRequest:
+        return
+    assert folder.parent == root / "runs" and folder.name == run_id
+    assert ".." not in run_id and "/" not in run_id and "\\" not in run_id

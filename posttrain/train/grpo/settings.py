@@ -110,7 +110,8 @@ class GRPOSettings(RecipeSettings):
     )
     stop_when_solved: int = field(
         default=5,
-        metadata={"help": "end training after this many steps in a row in which every "
+        metadata={"help": "end training after this many steps in a row (more if they have "
+                          "not yet drawn prompts of every category) in which every "
                           "completion passed the rule and every group scored alike: no "
                           "advantage is left, and further steps would only pull the policy "
                           "back toward the reference (0: always run --steps)",

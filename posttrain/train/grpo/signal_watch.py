@@ -11,7 +11,8 @@ signal says so instead of just reading flat.
 
 The same reading ends a run that has nothing left to learn (``--stop-when-solved N``): a
 step is *solved* when every group scored alike and every completion of the step passed the
-environment's rule; after N solved steps in a row training stops. With no advantage
+environment's rule; after N solved steps in a row that between them drew prompts of every
+category of the train set, training stops. With no advantage
 anywhere the loss is the KL term alone, which only pulls the policy back toward the
 reference, so the remaining steps cost time and can only undo (the SmolLM2 runs of
 benchmarks/RESULTS.md spent their last 15-20 of 40 steps so).
@@ -46,13 +47,19 @@ class SignalWatch(HFTrainerCallback):
 
     def __init__(self, run: Any, rules: AlarmRules | None = None, *,
                  reward: Any = None, stop_when_solved: int = 0,
-                 ranks: Ranks = Ranks(), trained_before: bool = False) -> None:
+                 ranks: Ranks = Ranks(), trained_before: bool = False,
+                 categories: frozenset[str] = frozenset()) -> None:
         self.run = run
         self.rules = rules or AlarmRules()
         self.reward = reward
         self.stop_when_solved = stop_when_solved if reward is not None else 0
         self.ranks = ranks
         self.trained_before = trained_before  # see alarms.no_signal_alarm
+        # the train prompts' categories: a solved streak counts only once it has seen each
+        # (four prompts a step can miss a small category for five steps running)
+        self.categories = categories
+        self._streak_categories: set[str] = set()
+        self._stopped_streak = 0
         self.dead_shares: list[float] = []
         self.spreads: list[float] = []
         self.rewards: list[float] = []
@@ -90,10 +97,17 @@ class SignalWatch(HFTrainerCallback):
         solved = solved_step(self.dead_shares[-1], rows)
         if solved is None:
             return
-        self.solved_streak = self.solved_streak + 1 if solved else 0
-        enough = self.solved_streak >= self.stop_when_solved
+        if solved:
+            self.solved_streak += 1
+            self._streak_categories.update(str(row.get("category")) for row in rows)
+        else:
+            self.solved_streak = 0
+            self._streak_categories = set()
+        enough = (self.solved_streak >= self.stop_when_solved
+                  and self.categories <= self._streak_categories)
         if all_true(enough, self.ranks) and self.stopped_at is None:
             self.stopped_at = step
+            self._stopped_streak = self.solved_streak
             control.should_training_stop = True
 
     def stop_line(self, steps: int) -> str | None:
@@ -101,9 +115,11 @@ class SignalWatch(HFTrainerCallback):
         if self.stopped_at is None or self.stopped_at >= steps:
             return None
         return (f"training: stopped after step {self.stopped_at} of {steps}: every completion "
-                f"of the last {self.stop_when_solved} steps passed the rule and every group "
-                "scored alike (no advantage left; more steps would only pull the policy "
-                "back toward the reference; --stop-when-solved 0 runs them all)")
+                f"of the last {self._stopped_streak} steps passed the rule and every group "
+                "scored alike"
+                + (", prompts of every category among them" if self.categories else "")
+                + " (no advantage left; more steps would only pull the policy back toward "
+                "the reference; --stop-when-solved 0 runs them all)")
 
     def summary(self) -> dict[str, Any] | None:
         """Mean share of dead groups and mean within-group spread over the logged steps."""

@@ -159,7 +159,10 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run, reward=reward,
                                stop_when_solved=settings.stop_when_solved, ranks=context.ranks,
-                               trained_before=cold_started or settings.from_run is not None)
+                               trained_before=cold_started or settings.from_run is not None,
+                               categories=frozenset(
+                                   str(context.env.category(case_of(context.env, record)))
+                                   for record in context.data.train))
     main = context.ranks.is_main
     callbacks: list[Any] = [store_callback, ConsoleProgress("training", enabled=main),
                             signal_watch]
