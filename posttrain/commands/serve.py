@@ -82,7 +82,7 @@ class ServeSettings:
         default=Limits.max_tokens_per_call,
         metadata={"help": "most input tokens one forward_backward, forward or logprobs call "
                   "may carry in all (what one request can cost in memory: about 95 kB a "
-                  "token on the starter; lower it on a small machine)",
+                  "token in the third hostile probe; lower it on a small machine)",
                   "range": (1, 10_000_000)},
     )
     max_sequence_tokens: int = field(
