@@ -94,6 +94,12 @@ class Caller:
         return not self.restricted or owner == self.name
 
 
+def made_by(owner: str | None) -> str:
+    """Who made something, for a refusal: ``created by <name>``, or that no tokens-file
+    name did (the administrator, or a server without named tokens)."""
+    return f"created by {owner}" if owner else "not created with a token of the tokens file"
+
+
 ADMIN = Caller(None)
 #: a request without a valid token where credentials exist (a read left open): it may
 #: delete nothing

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from posttrain.cli import main  # noqa: E402
-from posttrain.service.engine.errors import TooLarge  # noqa: E402
-from posttrain.service.engine.text_encoding import UNBROKEN_PIECE, Encoder, pieces  # noqa: E402
+from posttrain.cli import main
+from posttrain.service.engine.errors import TooLarge
+from posttrain.service.engine.text_encoding import UNBROKEN_PIECE, Encoder, pieces
 
 CHAT = [{"role": "system", "content": "You are a refund desk. Be brief."},
         {"role": "user", "content": "Order 4417 never arrived, can I get my money back?"}]

@@ -116,7 +116,7 @@ def test_every_write_route_refuses_a_token_that_did_not_create_the_run(
                   for method in route.methods if method not in ("GET", "HEAD")}
         attempts = write_requests("alice-run")
         assert served == set(attempts), "a write route this test does not try"
-        for (method, path), bodies in attempts.items():
+        for (_method, path), bodies in attempts.items():
             for body in bodies:
                 status, answer = post(base, path.replace("{name}", "alice-run"), body, BOB)
                 assert status == 403, (path, body, status, answer)

@@ -67,7 +67,7 @@ def scrubbed(text: str, url: str) -> str:
         password = urlsplit(url).password
     except ValueError:
         password = None
-    for secret in {password, unquote(password or "")} - {None, ""}:
+    for secret in {password or "", unquote(password or "")} - {""}:
         text = text.replace(secret, "***")
     return text
 

@@ -11,7 +11,8 @@ from it. Endpoints (all JSON; errors in the core's envelope
 | GET    | `/api/runs`                  | the run list                                    |
 | GET    | `/api/runs/<name>`           | one run: config, summary, progress, notes, alarms |
 | GET    | `/api/runs/<name>/metrics`   | `?names=a,b&max_points=2000&after=<step>`       |
-| GET    | `/api/runs/<name>/metrics.csv` | `?names=a,b` (default: all): every point, CSV (at most 1,000,000 points, 1,000 names) |
+| GET    | `/api/runs/<name>/metrics.csv` | `?names=a,b` (default: all): every point, CSV; |
+|        |                              | at most 1,000,000 points and 1,000 names        |
 | POST   | `/api/runs/<name>/delete`    | `{"force": false}`; bearer token; 409 while alive |
 
 Writes (every POST) need the token when the server has one; reads stay open. The

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.access import ADMIN, Caller
+from posttrain.access import ADMIN, Caller, made_by
 from posttrain.runs.ops import NotYours, RunStillAlive
 
 SCHEMA_VERSION = 3  # 2: metric_tiles; 3: runs.owner
@@ -180,7 +180,7 @@ def check_writes(db: Db, ops: Sequence[dict[str, Any]], caller: Caller) -> None:
     for run in dict.fromkeys(op["run"] for op in ops):
         row = db.one("SELECT owner FROM runs WHERE name = ?", (run,))
         if row is not None and not caller.may_change(row[0]):
-            raise NotYours(f"run {run!r} was {_made_by(row[0])}; a token writes only to its "
+            raise NotYours(f"run {run!r} was {made_by(row[0])}; a token writes only to its "
                            "own runs and new ones (the server's --token writes anywhere)")
 
 
@@ -303,12 +303,9 @@ def delete_run_rows(db: Db, name: str, *, force: bool, lost_after_seconds: float
 def check_owner(name: str, owner: str | None, caller: Caller) -> None:
     """``NotYours`` unless ``caller`` may delete run ``name``, which ``owner`` created."""
     if not caller.may_delete(owner):
-        raise NotYours(f"run {name!r} was {_made_by(owner)}; a token deletes only its own "
+        raise NotYours(f"run {name!r} was {made_by(owner)}; a token deletes only its own "
                        "runs (the server's --token may delete any)")
 
-
-def _made_by(owner: str | None) -> str:
-    return f"created by {owner}" if owner else "not created with a token of the tokens file"
 
 
 # --- tiles: step-range summaries of each curve ------------------------------------------

@@ -322,7 +322,7 @@ class RunHandle:
         if self._beater is not None:
             self._beater.join(timeout=10)
         self._guard("finish", self.store.finish_run, summary or {}, status, None)
-        if status != "done" and self.replaced_ops:
+        if status != "done" and self.replaced_ops and isinstance(self.store, SqlRunStore):
             # --overwrite: the new run did not get through, so the old one comes back
             try:
                 self.store.apply(self.replaced_ops)

@@ -32,7 +32,6 @@ from posttrain.score import stats
 from posttrain.score.format import JsonRecord, json_safe
 from posttrain.score.passat import Row, ValueSpec, scenario_means
 
-
 #: a noise band's note when only one evaluation was made
 ONE_EVALUATION = "no noise band: 1 evaluation"
 

@@ -35,7 +35,6 @@ from posttrain.service.protocols.tinker.journal import Journal
 from posttrain.service.protocols.tinker.replay import replay_journal
 from posttrain.service.protocols.tinker.routes import TinkerService, tinker_available
 
-
 #: held by the server using a state folder (``serve``)
 SERVE_LOCK = "serve.lock"
 

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.access import Caller
+from posttrain.access import Caller, made_by
 from posttrain.policy.loading import load_policy
 from posttrain.service.engine import checks, state
 from posttrain.service.engine.capabilities import PRIMITIVES, capabilities_of
@@ -174,10 +174,8 @@ class Engine:
                 owners.append(("run", run_id, run.owner))
         for kind, ident, owner in owners:
             if not caller.may_change(owner):
-                made = (f"created by {owner}" if owner
-                        else "not created with a token of the tokens file")
-                raise Forbidden(f"{kind} {ident} was {made}; a token changes only its own "
-                                "sessions and runs (the server's --token changes any)")
+                raise Forbidden(f"{kind} {ident} was {made_by(owner)}; a token changes only "
+                                "its own sessions and runs (the server's --token changes any)")
 
     def heartbeat(self, session_id: str) -> dict[str, Any]:
         """Keep a session alive (``Conflict`` once it is closed or expired)."""

@@ -23,12 +23,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from posttrain.service.engine.errors import BadRequest, TooLarge
 
 UNBROKEN_PIECE = 256
-_LONG_RUN = re.compile(r"\S{%d,}" % (UNBROKEN_PIECE + 1))
+_LONG_RUN = re.compile(rf"\S{{{UNBROKEN_PIECE + 1},}}")
 _PROBE = ("abcdefghij" * 3, "klmnopqrst" * 3)
 
 
@@ -101,4 +102,4 @@ def pieces(text: str) -> list[str]:
     if not cut_at:
         return [text]
     bounds = [0, *cut_at, len(text)]
-    return [text[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+    return [text[start:end] for start, end in pairwise(bounds)]

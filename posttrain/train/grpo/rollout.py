@@ -156,8 +156,7 @@ def _redraw_dead(completions: list[Completion], prompts: list[Any], group_size: 
     """The step's completions with its dead groups drawn again (``resample_dead``),
     scored as TRL's reward will score them: the run's reward on the decoded reply."""
     keys = [prompt_key(prompt) for prompt in prompts]
-    cases = [redraw.cases.get(key) for key in keys]
-    if any(case is None for case in cases):
+    if any(key not in redraw.cases for key in keys):
         raise PosttrainError("--resample-dead-groups: a training prompt the rollout cannot "
                              "match to its case (the dataset's prompts changed under it)")
     if len(keys) % group_size or any(
@@ -165,6 +164,7 @@ def _redraw_dead(completions: list[Completion], prompts: list[Any], group_size: 
             for start in range(0, len(keys), group_size)):
         raise PosttrainError("--resample-dead-groups: the rollout's prompts do not come in "
                              f"whole groups of {group_size} (this TRL batches otherwise)")
+    cases = [redraw.cases[key] for key in keys]
 
     def scores(rows: list[int], drawn: list[Completion]) -> list[float]:
         return [float(redraw.score(tokenizer.decode(completion.token_ids,

@@ -47,13 +47,13 @@ class SignalWatch(HFTrainerCallback):
 
     def __init__(self, run: Any, rules: AlarmRules | None = None, *,
                  reward: Any = None, stop_when_solved: int = 0,
-                 ranks: Ranks = Ranks(), trained_before: bool = False,
+                 ranks: Ranks | None = None, trained_before: bool = False,
                  categories: frozenset[str] = frozenset()) -> None:
         self.run = run
         self.rules = rules or AlarmRules()
         self.reward = reward
         self.stop_when_solved = stop_when_solved if reward is not None else 0
-        self.ranks = ranks
+        self.ranks = ranks or Ranks()
         self.trained_before = trained_before  # see alarms.no_signal_alarm
         # the train prompts' categories: a solved streak counts only once it has seen each
         # (four prompts a step can miss a small category for five steps running)

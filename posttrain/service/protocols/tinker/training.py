@@ -127,9 +127,10 @@ def optim_step_answer(result: dict[str, Any]) -> Answer:
 class TinkerTraining:
     """The training clients of the tinker routes and their requests (module docstring).
 
-    ``open_session(id, caller)`` checks a session is open and the caller's, ``check_base_model(name)`` that a
-    name is the server's base model, ``register_sampling(session, seq, source, choices)``
-    opens a sampling session: the service that owns sessions passes them in.
+    ``open_session(id, caller)`` checks a session is open and the caller's,
+    ``check_base_model(name)`` that a name is the server's base model,
+    ``register_sampling(session, seq, source, choices)`` opens a sampling session: the
+    service that owns sessions passes them in.
 
     Every submission takes the ``Choices`` it makes its random and disk-dependent
     decisions through (``journal``), so that a replay of the journal decides the same."""
