@@ -171,3 +171,68 @@ def test_the_cold_start_rate_follows_the_model_size_unless_given():
     assert main(["grpo", "--cold-start-learning-rate", "0"]) == 2
     with pytest.raises(SystemExit):  # not a number at all: argparse says so
         main(["grpo", "--cold-start-learning-rate", "nan"])
+
+
+class _Lenient(type(REFUND)):
+    """The refund rule, but every reply passes (or, with ``strict``, none does)."""
+
+    def __init__(self, strict: bool = False) -> None:
+        super().__init__()
+        self.strict = strict
+
+    def score(self, reply, case):
+        return 0.0 if self.strict else 1.0
+
+
+def _callback(policy, env, *, until=0.5, every=5, steps=40, said=None):
+    from posttrain.data.prepare import DataConfig, prepare_data
+    from posttrain.policy.sampler import SamplingParams
+    from posttrain.train.grpo.cold_start_check import ColdStartCheck, check_prompts
+
+    train = prepare_data(DataConfig(prompts=40, seed=0), REFUND).train
+    return ColdStartCheck(env=env, prompts=check_prompts(env, train, seed=0, per_category=2),
+                          policy=policy,
+                          sampling=SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=24),
+                          steps=steps, until=until, every=every,
+                          say=(said.append if said is not None else lambda _line: None))
+
+
+def _step(callback, step):
+    from types import SimpleNamespace
+
+    control = SimpleNamespace(should_training_stop=False)
+    callback.on_step_end(None, SimpleNamespace(global_step=step), control)
+    return control.should_training_stop
+
+
+def test_the_cold_start_checks_from_half_its_steps_and_stops_at_the_mark(starter_2m):
+    import torch
+
+    from posttrain.train.grpo.cold_start_check import first_check_step
+
+    assert first_check_step(40, 5) == 20 and first_check_step(40, 3) == 21
+    assert first_check_step(3, 5) == 5 and first_check_step(1, 1) == 1
+    said: list[str] = []
+    lenient = _callback(starter_2m, _Lenient(), said=said)
+    # before half the steps, off the check's beat, or at the last step: no check
+    assert not any(_step(lenient, step) for step in (5, 10, 19, 21, 40)) and not said
+    state = torch.get_rng_state()
+    assert _step(lenient, 20)  # every category passes: the cold start stops here
+    assert torch.equal(torch.get_rng_state(), state)  # training's RNG is left as it was
+    assert lenient.stopped_at == 20 and len(lenient.checks) == 1
+    assert set(lenient.checks[0].by_category) == {"with_id", "no_id", "off_topic"}
+    assert "step 20: train sample" in said[0] and "cold start stops here" in said[0]
+    record = lenient.to_dict()
+    assert record["stopped_at"] == 20 and record["checks"][0]["by_category"]["no_id"] == {
+        "passed": 2, "replies": 2}
+    strict = _callback(starter_2m, _Lenient(strict=True))
+    assert not _step(strict, 20) and not _step(strict, 25) and strict.stopped_at is None
+    assert len(strict.checks) == 2
+    # until 0 or every 0: no check at all
+    assert not _callback(starter_2m, _Lenient(), until=0).active
+    assert not _step(_callback(starter_2m, _Lenient(), every=0), 20)
+
+
+def test_cold_start_until_and_check_every_are_checked():
+    assert main(["grpo", "--cold-start-until", "1.5"]) == 2
+    assert main(["grpo", "--cold-start-check-every", "-1"]) == 2

@@ -26,7 +26,8 @@ from posttrain.policy.models import merge_adapter, parameter_count, save_policy
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext
 from posttrain.train.fused_head import labelled_positions_only
-from posttrain.train.measure import PolicyEvaluation, evaluate_policy
+from posttrain.train.grpo.cold_start_check import ColdStartCheck, check_prompts, first_check_step
+from posttrain.train.measure import PolicyEvaluation, evaluate_policy, evaluation_sampling
 from posttrain.train.precision import precision_for
 from posttrain.train.recipe import say_guards
 from posttrain.train.settings import rate_for_size
@@ -62,17 +63,29 @@ def cold_start_settings(settings: Any) -> SFTSettings:
 
 @dataclass
 class ColdStart:
-    """What the cold start did: its evaluation (RL's baseline) and what it trained on."""
+    """What the cold start did: its evaluation (RL's baseline), what it trained on, and
+    its checks of ``--cold-start-until`` (``cold_start_check``)."""
 
     evaluation: PolicyEvaluation
     demos: int
     steps: int
     learning_rate: float
     loss: float | None
+    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"demos": self.demos, "steps": self.steps, "learning_rate": self.learning_rate,
-                "final_loss": self.loss}
+                "final_loss": self.loss, **({"check": self.check} if self.check else {})}
+
+
+def until_check(context: RecipeContext[Any], settings: Any) -> ColdStartCheck:
+    """The callback that ends the cold start once the train sample passes at the mark."""
+    return ColdStartCheck(
+        env=context.env, prompts=check_prompts(context.env, context.data.train, settings.seed),
+        policy=context.policy, sampling=evaluation_sampling(settings, context.policy),
+        steps=settings.cold_start_steps, until=settings.cold_start_until,
+        every=settings.cold_start_check_every, seed=settings.eval_seed, ranks=context.ranks,
+        say=context.say)
 
 
 def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
@@ -85,13 +98,17 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     context.say(f"cold start: {report.describe()}")
     learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
     precision = precision_for(sft.precision, context.policy, say=context.say)
-    context.say(f"cold start: SFT, {sft.steps} steps x {sft.batch_size} demonstrations, "
-                f"learning rate {learning_rate:g}, trainer in {precision.words()}")
+    check = until_check(context, settings)
+    until = (f"; stops once a train sample passes at {check.until:g} in every category "
+             f"(checked every {check.every} steps from step "
+             f"{first_check_step(check.steps, check.every)})" if check.active else "")
+    context.say(f"cold start: SFT, up to {sft.steps} steps x {sft.batch_size} demonstrations, "
+                f"learning rate {learning_rate:g}, trainer in {precision.words()}{until}")
     scratch = tempfile.mkdtemp(prefix="posttrain-cold-start-")
     try:
         trainer = build_sft_trainer(
             context.policy, demos, sft, learning_rate,
-            [ConsoleProgress("cold start", enabled=context.ranks.is_main)],
+            [ConsoleProgress("cold start", enabled=context.ranks.is_main), check],
             output_dir=scratch, world_size=context.ranks.world, precision=precision)
         with quiet_transformers_warnings(), labelled_positions_only():
             trainer.train()
@@ -110,5 +127,6 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     context.folder.write_rows("holdout_cold_start.jsonl", evaluation.rows)
     context.say(f"cold start  {evaluation.describe()}")
     say_guards(context, evaluation.rows)  # RL's verdict guards against these rows
-    return ColdStart(evaluation, demos=report.kept, steps=sft.steps,
-                     learning_rate=learning_rate, loss=losses[-1] if losses else None)
+    return ColdStart(evaluation, demos=report.kept, steps=check.stopped_at or sft.steps,
+                     learning_rate=learning_rate, loss=losses[-1] if losses else None,
+                     check=check.to_dict() if check.active else None)

@@ -219,6 +219,21 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "SFT steps of the cold start (8 demonstrations a step)",
                   "range": (None, 10_000_000)},
     )
+    cold_start_until: float = field(
+        default=0.5,
+        metadata={"help": "stop the cold start early once one reply to each of up to 8 train "
+                          "prompts per category passes at this rate or more in every "
+                          "category (RL learns most from a category passing about half its "
+                          "replies); checked every --cold-start-check-every steps from half "
+                          "the steps on. 0: run every step",
+                  "range": (0.0, 1.0)},
+    )
+    cold_start_check_every: int = field(
+        default=5,
+        metadata={"help": "steps between the cold start's checks of --cold-start-until "
+                          "(0: no check)",
+                  "range": (0, 10_000_000)},
+    )
     cold_start_learning_rate: float | None = field(
         default=None,
         metadata={"help": "LoRA learning rate of the cold start (default by model size: "
@@ -310,6 +325,12 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     if settings.cold_start_steps < 1:
         raise PosttrainError(
             f"--cold-start-steps must be at least 1, got {settings.cold_start_steps}")
+    until = settings.cold_start_until
+    if not (math.isfinite(until) and 0 <= until <= 1):
+        raise PosttrainError(f"--cold-start-until must be between 0 and 1, got {until}")
+    if settings.cold_start_check_every < 0:
+        raise PosttrainError("--cold-start-check-every must be 0 (no check) or more, got "
+                             f"{settings.cold_start_check_every}")
     rate = settings.cold_start_learning_rate
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise PosttrainError(f"--cold-start-learning-rate must be a number above 0, got {rate}")
