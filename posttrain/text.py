@@ -58,3 +58,10 @@ def error_line(error: BaseException) -> str:
     multi-line message, cut to what fits in one line of an error."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def short_line(error: BaseException, limit: int = 200) -> str:
+    """``error_line`` cut to ``limit`` characters: what a message may quote of an error
+    raised by someone else's code (a user's hook can raise with a page of text)."""
+    line = error_line(error)
+    return line if len(line) <= limit else line[:limit - 3] + "..."

@@ -30,6 +30,7 @@ from posttrain.envs.base import Env, case_of, env_label, is_multi_turn, passes, 
 from posttrain.errors import InputFileError, PosttrainError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.score.episodes import play_episodes
+from posttrain.text import echo, short_line
 
 Judge = Callable[[str, dict[str, Any]], Any]
 Progress = Callable[[int, int], None]
@@ -66,11 +67,12 @@ def rule_score(env: Env, reply: str, case: dict[str, Any], record: dict[str, Any
     try:
         value = env.score(reply, case)
     except Exception as error:  # the user's hook: say which, in one line
-        raise PosttrainError(f"{where}, raised {type(error).__name__}: {error}") from None
+        raise PosttrainError(f"{where}, raised {type(error).__name__}: "
+                             f"{short_line(error)}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
             value):
-        raise PosttrainError(f"{where}, returned {value!r}: a score must be a finite number "
-                             "(1.0 or more passes)")
+        raise PosttrainError(f"{where}, returned {echo(value)}: a score must be a finite "
+                             "number (1.0 or more passes)")
     return float(value)
 
 

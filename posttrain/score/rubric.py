@@ -31,6 +31,7 @@ from typing import Any
 
 from posttrain.envs.base import Env
 from posttrain.errors import PosttrainError
+from posttrain.text import echo, short_line
 
 #: a reward function: the reply text and its case (ground truth) -> a finite number
 RewardFunction = Callable[[str, dict[str, Any]], float]
@@ -88,15 +89,15 @@ def _called(term: RewardTerm, reply: str, case: dict[str, Any]) -> Any:
     except Exception as error:  # the user's reward function: say which, in one line
         what = "the training reward" + ("" if term.name in ("rule", "reward")
                                         else f" ({term.name})")
-        raise PosttrainError(f"{what} raised {type(error).__name__} on a reply: {error}"
-                             ) from None
+        raise PosttrainError(f"{what} raised {type(error).__name__} on a reply: "
+                             f"{short_line(error)}") from None
 
 
 def _checked(term: RewardTerm, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
             value):
         raise PosttrainError(
-            f"the training reward returned {value!r} for a reply; it must return a "
+            f"the training reward returned {echo(value)} for a reply; it must return a "
             "finite number" + ("" if term.name in ("rule", "reward") else f" ({term.name})")
         )
     return float(value)
