@@ -220,3 +220,34 @@ def test_capabilities_list_every_loss_with_defaults():
     assert set(served) == {"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}
     assert served["ppo"]["config_defaults"]["clip_high_threshold"] == 1.2
     assert served["cross_entropy"]["required_inputs"] == ["target_tokens", "weights"]
+
+
+def test_one_pass_holds_a_bounded_number_of_tokens_whatever_the_vocabulary(tiny_model):
+    """Issue #49, class 4: the micro-batches were bounded by logits alone, so a model with
+    a small vocabulary took a whole 32k-token call in one pass (~12 GB of activations on the
+    starter, benchmarks/serve_call_memory.py). Now a pass holds at most MICRO_BATCH_TOKENS
+    padded tokens, and the logprobs are the same as one sequence at a time."""
+    from posttrain.service.engine.lora_model import MICRO_BATCH_TOKENS, target_logprobs
+
+    datums = [_datum(seed, length=60) for seed in range(2 * MICRO_BATCH_TOKENS // 60 + 1)]
+    passes = []
+    hook = tiny_model.register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append(kwargs["input_ids"].numel()),
+        with_kwargs=True)
+    seen = set()
+    try:
+        with torch.no_grad():
+            for group, group_logprobs in target_logprobs(
+                    tiny_model, [tuple(d["input"].tolist()) for d in datums],
+                    [d["target_tokens"].tolist() for d in datums], pad_id=0):
+                for index, logprobs in zip(group, group_logprobs, strict=True):
+                    seen.add(index)
+                    torch.testing.assert_close(
+                        logprobs, _target_logprobs(tiny_model, datums[index]),
+                        rtol=1e-4, atol=1e-5)
+    finally:
+        hook.remove()
+    assert seen == set(range(len(datums)))
+    # the hook also saw the one-at-a-time references: the batched passes are the big ones
+    batched = [size for size in passes if size > 60]
+    assert len(batched) >= 2 and max(batched) <= MICRO_BATCH_TOKENS

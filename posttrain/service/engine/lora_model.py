@@ -48,6 +48,12 @@ ADAPTER_NAME = "default"
 # one forward pass holds at most this many logits (x 4 bytes, twice with log-softmax):
 # 16k tokens at a 4k vocabulary, 1.3k tokens at a 49k one
 MICRO_BATCH_LOGITS = 1 << 26
+# ... and at most this many (padded) tokens, whatever the vocabulary: a pass's activations
+# grow with its tokens (about 380 kB a token on the starter's 1k vocabulary, which the
+# logit budget alone let take a whole 32k-token call in one pass, ~12 GB). With both, one
+# call's memory is one pass's, whatever --max-tokens-per-call allows
+# (benchmarks/serve_call_memory.py)
+MICRO_BATCH_TOKENS = 2048
 
 
 def shared_copy(model: Any) -> Any:
@@ -140,7 +146,7 @@ def target_logprobs(model: Any, inputs: list[tuple[int, ...]], targets: list[Any
     import torch
 
     vocab = int(model.config.vocab_size) if hasattr(model, "config") else 1
-    budget = max(1, MICRO_BATCH_LOGITS // max(vocab, 1))
+    budget = max(1, min(MICRO_BATCH_TOKENS, MICRO_BATCH_LOGITS // max(vocab, 1)))
     for group in _micro_batches([len(s) for s in inputs], budget):
         ids, mask = _pad_batch([inputs[i] for i in group], pad_id)
         logits = model(input_ids=ids, attention_mask=mask).logits.float()
