@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "posttrain.commands.runs",
     "posttrain.commands.model",
     "posttrain.commands.serve",
+    "posttrain.commands.env",
     "posttrain.commands.primitives_demo",
 )
 

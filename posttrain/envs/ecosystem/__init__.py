@@ -1,5 +1,6 @@
-"""Environments from other libraries: ``--env verifiers:ENV_ID`` (``verifiers_env``) and
-``--env inspect:PKG/TASK`` or ``inspect:FILE.py@TASK`` (``inspect_env``).
+"""Environments from other libraries: ``--env verifiers:ENV_ID`` (``verifiers_env``),
+``--env inspect:PKG/TASK`` or ``inspect:FILE.py@TASK`` (``inspect_env``) and ``--env
+openenv:URL`` or ``openenv:MODULE:APP`` (``openenv_env``).
 
 ``ecosystem_env(name)`` builds one from its spec (``spec``: ``LIBRARY:TARGET?ARGS``), or
 returns None when ``name`` names no library. The libraries are optional (the

@@ -1,7 +1,8 @@
 """Which adapter plays an ecosystem environment: ``ecosystem_env(name)`` parses
 ``LIBRARY:TARGET?ARGS`` (``spec``) and builds the verifiers or inspect adapter that fits
 what the library loads (a v1 taskset, a ``ToolEnv``, a ``SingleTurnEnv``; a task with or
-without ``use_tools``); None when ``name`` names no library.
+without ``use_tools``), or the OpenEnv adapter (a server's URL or an app to start); None
+when ``name`` names no library.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any
 
 from posttrain.envs.ecosystem.inspect_env import InspectEnv, load_task
 from posttrain.envs.ecosystem.inspect_tools import InspectToolEnv, uses_tools
+from posttrain.envs.ecosystem.openenv_env import OpenEnvEnv
+from posttrain.envs.ecosystem.openenv_steps import OpenEnvStepsEnv
 from posttrain.envs.ecosystem.spec import JudgeEndpoint, parse_env_spec
 from posttrain.envs.ecosystem.verifiers_env import VerifiersEnv, import_verifiers, load_verifiers
 from posttrain.envs.ecosystem.verifiers_tools import VerifiersToolEnv
@@ -46,5 +49,11 @@ def ecosystem_env(name: str) -> Any | None:
         if uses_tools(task):
             return InspectToolEnv(spec.target, args, task, spec.judge())
         return InspectEnv(spec.target, args, task, spec.judge())
+    if spec.library == "openenv":
+        # several steps an episode (max_turns above 1): played as tool turns
+        turns = spec.args.get("max_turns", 1)
+        steps = isinstance(turns, int) and not isinstance(turns, bool) and turns > 1
+        adapter = OpenEnvStepsEnv if steps else OpenEnvEnv
+        return adapter(spec.target, spec.loader_args())
     raise PosttrainError(f"--env {name!r}: {spec.library} environments are not supported yet")
 

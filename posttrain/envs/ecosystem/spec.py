@@ -1,4 +1,5 @@
-"""``--env verifiers:ENV_ID`` and ``--env inspect:PKG/TASK``: the spec of an ecosystem environment.
+"""``--env verifiers:ENV_ID``, ``--env inspect:PKG/TASK`` and ``--env openenv:URL|MODULE:APP``:
+the spec of an ecosystem environment.
 
 A spec is one string, so it travels wherever ``--env`` does (a run's config, ``--from-run``,
 the dashboard) and names the same environment again: ``LIBRARY:TARGET``, then the
@@ -18,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode
 from posttrain.errors import PosttrainError
 
 #: the libraries ``--env LIBRARY:...`` loads through
-LIBRARIES = ("verifiers", "inspect")
+LIBRARIES = ("verifiers", "inspect", "openenv")
 #: query keys that are posttrain's own, not the loader's (``--env-judge-endpoint`` and its
 #: companions): the judge model an environment's own judge calls
 JUDGE_KEYS = {"posttrain.judge_endpoint": "url", "posttrain.judge_model": "model",
@@ -82,7 +83,8 @@ def with_env_args(env: str, pairs: list[str] | None) -> str:
     if spec is None:
         raise PosttrainError(
             f"--env-arg applies to an environment loaded by a library (--env "
-            f"verifiers:ENV_ID or inspect:PKG/TASK); --env {env!r} takes no arguments")
+            f"verifiers:ENV_ID, inspect:PKG/TASK or openenv:URL); --env {env!r} takes no "
+            "arguments")
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals or not key.strip():
@@ -113,4 +115,5 @@ def _value(text: str) -> Any:
         return text
 
 
-_EXAMPLES = {"verifiers": "vf-arith", "inspect": "inspect_arith/arith"}
+_EXAMPLES = {"verifiers": "vf-arith", "inspect": "inspect_arith/arith",
+             "openenv": "http://127.0.0.1:8000"}

@@ -1,0 +1,345 @@
+"""An OpenEnv environment as a posttrain environment: ``--env openenv:http://HOST:PORT`` or
+``--env openenv:MODULE:APP``.
+
+OpenEnv (the ``openenv`` package) serves an environment (``reset()``, ``step(action)``,
+``state``; typed Action and Observation models, the observation carrying ``reward`` and
+``done``) over HTTP and a WebSocket; its HTTP ``/reset`` and ``/step`` keep no state (each
+builds a fresh environment), so posttrain plays every episode over the WebSocket
+(``openenv``'s own ``GenericEnvClient``: one environment on the server for the session).
+The adapter maps it onto posttrain's contract:
+
+- **prompts**: the first observation of ``reset(seed=i)`` for ``i`` in ``0 ..
+  prompts-1`` (``--env-arg prompts=N``, default 100; ``first_seed``); the prompt is the
+  observation's text field (``prompt_field``, else the one text field, else a field named
+  ``prompt``, else the observation as JSON); its scenario is the seed; its category the
+  observation's ``metadata["category"]`` when it has one, else ``default``. Each record
+  carries its seed (a ``seed`` column), since the text alone need not name the episode.
+  An observation that carries the chat (``messages``, ending with the prompt as the
+  user's) gives the messages before the prompt, such as a system prompt (the same for
+  every prompt, as posttrain's prompts share one);
+- **the reply** becomes the Action: with one text field (``/schema``'s action, its
+  ``metadata`` aside; or ``action_field``) the reply is that field; otherwise the reply is
+  read as a JSON object of the Action's fields. A reply that does not make an Action
+  (not JSON, a missing or unknown field, a wrong type, or the server's own validation
+  refusing it) is a scored failure (0.0, marker ``action_ok`` 0), never a crash;
+- **the reward** is the observation's ``reward`` after the step (a pass at 1.0 or more, as
+  for every posttrain rule); an episode must be done after the policy's reply (a
+  single-step environment; ``--env-arg max_turns=N`` plays episodes of several steps,
+  ``openenv_steps``): one that is not is refused in one line, as is a reward that is
+  missing or not a finite number;
+- markers: ``action_ok`` (the reply made an Action).
+
+Errors are one line naming the environment and the problem: a server that is down, slow
+(``timeout_s``, default 30), answers something that is not JSON, a reward that is None or
+NaN, an episode that never ends. ``--env-arg`` keys: ``prompts``, ``first_seed``,
+``prompt_field``, ``action_field``, ``timeout_s``, ``max_turns``, ``reward`` (last|sum).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any
+
+from posttrain.envs.base import Case
+from posttrain.envs.ecosystem.dataset_adapter import (
+    DEFAULT_CATEGORY,
+    DatasetAdapter,
+    Sample,
+    shared_prefix,
+)
+from posttrain.envs.ecosystem.openenv_server import LocalServer, get_json, local_server
+from posttrain.errors import PosttrainError
+from posttrain.text import short_line
+
+DEFAULT_PROMPTS = 100
+DEFAULT_TIMEOUT_S = 30.0
+#: the OpenEnv Observation's own fields, never the prompt
+OBSERVATION_BASE_FIELDS = frozenset({"done", "reward", "metadata"})
+#: --env-arg keys this adapter reads
+ARG_KEYS = ("prompts", "first_seed", "prompt_field", "action_field", "timeout_s",
+            "max_turns", "reward")
+#: JSON schema types and the Python values an Action field of that type takes
+_SCHEMA_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "array": (list,), "object": (dict,), "null": (type(None),)}
+
+
+def import_openenv() -> Any:
+    try:
+        from openenv.core.generic_client import GenericEnvClient
+    except ImportError:
+        raise PosttrainError(
+            "--env openenv:...: the openenv package is not installed; install posttrain's "
+            "openenv extra (pip install 'posttrain[openenv]', Python 3.10+)") from None
+    return GenericEnvClient
+
+
+def _field_types(schema: dict[str, Any]) -> dict[str, set[str]]:
+    """Each property of a pydantic JSON schema and the JSON types it accepts."""
+    types: dict[str, set[str]] = {}
+    for name, spec in (schema.get("properties") or {}).items():
+        options = spec.get("anyOf") or [spec]
+        types[name] = {option.get("type") for option in options if option.get("type")}
+    return types
+
+
+def _chat(value: Any) -> list[dict[str, str]] | None:
+    """An observation's ``messages`` as chat messages, or None when it is not a chat."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+               and isinstance(m.get("content"), str) for m in value):
+        return None
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+class ActionShape:
+    """What an Action looks like (from ``/schema``) and how a reply becomes one."""
+
+    def __init__(self, schema: dict[str, Any], field: str | None, where: str) -> None:
+        types = _field_types(schema)
+        types.pop("metadata", None)
+        self.fields = types
+        self.required = [name for name in schema.get("required") or [] if name != "metadata"]
+        if field is not None and field not in types:
+            raise PosttrainError(f"{where}: action_field {field!r} is not a field of its "
+                                 f"Action (it has {', '.join(sorted(types)) or 'none'})")
+        text_fields = [name for name, kinds in types.items() if "string" in kinds]
+        if field is None and len(types) == 1 and text_fields:
+            field = text_fields[0]
+        self.text_field = field
+
+    def describe(self) -> str:
+        if self.text_field:
+            return f"the reply is the Action's {self.text_field!r}"
+        return f"the reply is a JSON object of the Action's fields ({', '.join(self.fields)})"
+
+    def action_for(self, reply: str) -> dict[str, Any] | None:
+        """The Action the reply makes, or None when it makes none."""
+        if self.text_field is not None:
+            return {self.text_field: reply}
+        text = reply.strip()
+        if text.startswith("```"):  # a fenced JSON block
+            text = text.strip("`").removeprefix("json").strip()
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        return self.checked(value)
+
+    def checked(self, value: Any) -> dict[str, Any] | None:
+        """``value`` when it is an Action's fields (names, required ones, JSON types)."""
+        if not isinstance(value, dict) or any(name not in self.fields for name in value):
+            return None
+        if any(name not in value for name in self.required):
+            return None
+        for name, item in value.items():
+            allowed = tuple(kind for type_name in self.fields[name]
+                            for kind in _SCHEMA_TYPES.get(type_name, ()))
+            if allowed and (not isinstance(item, allowed) or (
+                    isinstance(item, bool) and bool not in allowed)):
+                return None
+        return value
+
+    def system_prompt(self) -> str:
+        if self.text_field:
+            return ""
+        listed = ", ".join(f"{name} ({'/'.join(sorted(kinds)) or 'any'})"
+                           for name, kinds in self.fields.items())
+        return f"Reply with one JSON object with these fields: {listed}."
+
+
+class OpenEnvEnv(DatasetAdapter):
+    """An OpenEnv environment behind posttrain's ``Env`` contract (module docstring)."""
+
+    def __init__(self, target: str, args: dict[str, Any] | None = None) -> None:
+        self.tools: list[dict[str, Any]] = []  # an Action is the reply, not a tool call
+        self.target = target
+        self.args = dict(args or {})
+        unknown = sorted(set(self.args) - set(ARG_KEYS))
+        if unknown:
+            raise PosttrainError(f"--env openenv:{target}: unknown --env-arg "
+                                 f"{', '.join(unknown)} (known: {', '.join(ARG_KEYS)})")
+        self.name = f"openenv:{target}"
+        self.where = f"OpenEnv environment {self.name!r}"
+        self.timeout_s = self._number("timeout_s", DEFAULT_TIMEOUT_S, low=0.1)
+        count = int(self._number("prompts", DEFAULT_PROMPTS, low=1, whole=True))
+        self.max_turns = int(self._number("max_turns", 1, low=1, whole=True))
+        self.reward_of = str(self.args.get("reward", "last"))
+        if self.reward_of not in ("last", "sum"):
+            raise PosttrainError(f"--env-arg reward={self.reward_of!r}: expected last (the "
+                                 "episode's last reward) or sum (all its rewards)")
+        first = int(self._number("first_seed", 0, low=0, whole=True))
+        self.server: LocalServer | None = None
+        if target.startswith(("http://", "https://")):
+            self.url = target.rstrip("/")
+        else:
+            self.server = local_server(target)
+            self.url = self.server.url
+        schema = get_json(f"{self.url}/schema", self.timeout_s, self.where)
+        if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
+            raise PosttrainError(f"{self.where}: its /schema has no action schema "
+                                 "(is it an OpenEnv server?)")
+        self.action = ActionShape(schema["action"], self.args.get("action_field"), self.where)
+        self.prompt_field = self._prompt_field(schema.get("observation") or {})
+        self.system = self.action.system_prompt()
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self.record_fields = {"seed": "integer", "category": "string"}
+        self._prefixes: list[list[dict[str, str]]] = []
+        samples = [self._first_observation(seed) for seed in range(first, first + count)]
+        # the messages before the prompt, when the observation carries the chat (as
+        # `posttrain env serve` does: the rule's system prompt), else the Action's format
+        self._prefix = shared_prefix(self._prefixes, self.where) if self._prefixes else (
+            [{"role": "system", "content": self.system}] if self.system else [])
+        system = [m["content"] for m in self._prefix if m["role"] == "system"]
+        self.system = system[0] if system else self.system
+        self._keep_samples(samples)
+        self.categories = tuple(sorted({sample.fields["category"] for sample in samples}))
+
+    # -- arguments and schema ---------------------------------------------------
+
+    def _number(self, key: str, default: float, *, low: float, whole: bool = False) -> float:
+        value = self.args.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value) or value < low or (whole and value != int(value)):
+            kind = "a whole number" if whole else "a number"
+            raise PosttrainError(f"--env-arg {key}={value!r}: expected {kind} of at least "
+                                 f"{low:g}")
+        return float(value)
+
+    def _prompt_field(self, schema: dict[str, Any]) -> str | None:
+        asked = self.args.get("prompt_field")
+        types = {name: kinds for name, kinds in _field_types(schema).items()
+                 if name not in OBSERVATION_BASE_FIELDS}
+        if asked is not None:
+            if asked not in types:
+                raise PosttrainError(f"{self.where}: prompt_field {asked!r} is not a field of "
+                                     f"its Observation (it has {', '.join(sorted(types))})")
+            return str(asked)
+        text = [name for name, kinds in types.items() if "string" in kinds]
+        if len(text) == 1:
+            return text[0]
+        return "prompt" if "prompt" in text else None
+
+    # -- the session ---------------------------------------------------------------
+
+    def _session(self) -> Any:
+        """The WebSocket session (one environment on the server), opened on first use."""
+        if self._client is None:
+            client_class = import_openenv()
+            self._client = client_class(base_url=self.url, connect_timeout_s=self.timeout_s,
+                                        message_timeout_s=self.timeout_s).sync()
+        return self._client
+
+    def _call(self, what: str, call: Any) -> Any:
+        try:
+            return call(self._session())
+        except PosttrainError:
+            raise
+        except Exception as error:  # a server that is down, slow or broken: one line
+            self._drop_session()
+            raise PosttrainError(f"{self.where}: {what} failed: {type(error).__name__}: "
+                                 f"{short_line(error)}") from None
+
+    def _drop_session(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """End the session and stop a server this adapter started."""
+        self._drop_session()
+        if self.server is not None:
+            self.server.stop()
+
+    def _first_observation(self, seed: int) -> Sample:
+        result = self._call(f"reset(seed={seed})", lambda env: env.reset(seed=seed))
+        observation = dict(result.observation or {})
+        metadata = {**(observation.get("metadata") or {}), **(result.metadata or {})}
+        category = metadata.get("category")
+        prompt = self._prompt_text(observation)
+        chat = _chat(observation.get("messages"))
+        if chat and chat[-1] == {"role": "user", "content": prompt}:
+            self._prefixes.append(chat[:-1])
+        return Sample(prompt, f"seed-{seed}", {
+            "seed": seed,
+            "category": str(category) if isinstance(category, str) and category
+            else DEFAULT_CATEGORY})
+
+    def _prompt_text(self, observation: dict[str, Any]) -> str:
+        if self.prompt_field is not None:
+            value = observation.get(self.prompt_field)
+            return value if isinstance(value, str) else json.dumps(value)
+        shown = {key: value for key, value in observation.items()
+                 if key not in OBSERVATION_BASE_FIELDS}
+        return json.dumps(shown, sort_keys=True)
+
+    # -- posttrain's contract -------------------------------------------------------
+
+    def _unknown_prompt(self) -> str:
+        return (f"{self.where}: the prompt is not one of the first observations posttrain "
+                "read, so its episode is unknown: give its seed in a 'seed' column")
+
+    def category(self, case: Case) -> str:
+        return str(case.get("category") or DEFAULT_CATEGORY)
+
+    def replay(self, seed: int, actions: list[dict[str, Any]]) -> list[Any]:
+        """``reset(seed)`` then one step per action, on the session: the step results."""
+
+        def play(env: Any) -> list[Any]:
+            env.reset(seed=seed)
+            results = []
+            for action in actions:
+                results.append(env.step(action))
+                if results[-1].done:
+                    break
+            return results
+
+        with self._lock:
+            return list(self._call(f"the episode of seed {seed}", play))
+
+    def observation_text(self, result: Any) -> str:
+        """What the policy is shown of a step's observation."""
+        return self._prompt_text(dict(result.observation or {}))
+
+    def _episode(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
+        action = self.action.action_for(reply)
+        if action is None:
+            return 0.0, {"action_ok": 0.0}
+        seed = int(case["seed"])
+
+        def play(env: Any) -> Any:
+            env.reset(seed=seed)
+            return env.step(action)
+
+        with self._lock:
+            try:
+                result = self._call(f"the episode of seed {seed}", play)
+            except PosttrainError as error:
+                if "VALIDATION_ERROR" in str(error):  # the server refused the Action
+                    return 0.0, {"action_ok": 0.0}
+                raise
+        if not result.done:
+            raise PosttrainError(
+                f"{self.where}: the episode of seed {seed} is not done after the policy's "
+                "reply: for episodes of several steps give --env-arg max_turns=N (each "
+                "turn a step)")
+        reward = result.reward
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(
+                reward):
+            raise PosttrainError(f"{self.where}: the episode of seed {seed} ended with reward "
+                                 f"{reward!r}; a reward must be a finite number")
+        return float(reward), {"action_ok": 1.0}
+
+    def score(self, reply: str, case: Case) -> float:
+        """The observation's reward after the reply's step (0.0 when it makes no Action)."""
+        return self._episode(reply, case)[0]
+
+    def markers(self, reply: str, case: Case) -> dict[str, float]:
+        return {"action_ok": 0.0 if self.action.action_for(reply) is None else 1.0}

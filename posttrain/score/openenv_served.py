@@ -1,0 +1,108 @@
+"""A posttrain environment served as an OpenEnv environment (``posttrain env serve``), so
+TRL's OpenEnv integration and any OpenEnv client can train or evaluate on posttrain's
+rules.
+
+``openenv_app(env, records)`` builds the app with OpenEnv's own ``create_app``:
+
+- ``reset(seed=i)`` starts the episode of prompt record ``i`` (modulo their number), or of
+  the record whose scenario is ``scenario_id=...``; its observation carries the prompt,
+  the chat ``messages`` the policy answers (the rule's system prompt included), the
+  scenario and, in its metadata, the category;
+- ``step(ReplyAction(reply=...))`` grades the reply with the rule, exactly as ``posttrain
+  eval`` does (``posttrain.score.rows.rule_score``): the observation's ``reward`` is the
+  rule's score, ``done`` is True (one reply, one step), and its metadata holds the
+  category, ``passed`` and the rule's markers;
+- sessions are independent (one environment per WebSocket client), up to
+  ``max_concurrent_envs`` at once.
+
+Single-reply environments only: a multi-turn rule plays its tool turns in posttrain's
+episode runner, which this socket does not carry yet (refused in one line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+from posttrain.envs.base import Env, case_of, env_label, is_multi_turn, passes
+from posttrain.errors import PosttrainError
+from posttrain.score.rows import rule_score
+
+#: the longest reply a step takes (a policy's reply is a few thousand characters at most)
+MAX_REPLY_CHARS = 100_000
+
+
+def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: int = 8) -> Any:
+    """The FastAPI app serving ``env`` on ``records`` (module docstring)."""
+    if is_multi_turn(env):
+        raise PosttrainError(
+            f"posttrain env serve: environment {env_label(env)} plays multi-turn episodes; "
+            "it serves single-reply environments so far")
+    if not records:
+        raise PosttrainError("posttrain env serve: no prompts to serve")
+    try:
+        from openenv.core.env_server.http_server import create_app
+        from openenv.core.env_server.interfaces import Environment
+        from openenv.core.env_server.types import Action, Observation, State
+        from pydantic import Field
+    except ImportError:
+        raise PosttrainError("posttrain env serve needs the openenv package: pip install "
+                             "'posttrain[openenv]'") from None
+
+    by_scenario = {str(record["scenario_id"]): index for index, record in enumerate(records)}
+
+    class ReplyAction(Action):  # type: ignore[misc,valid-type]
+        """The policy's reply to the episode's prompt (bounded: grading is linear in it,
+        and the bound is checked before any grading)."""
+
+        reply: str = Field(max_length=MAX_REPLY_CHARS)
+
+    class PromptObservation(Observation):  # type: ignore[misc,valid-type]
+        """The prompt (and the chat messages the policy answers) on reset; the rule's grade
+        (reward, done, metadata) after the step."""
+
+        prompt: str = ""
+        messages: list[dict[str, str]] = Field(default_factory=list)
+        scenario_id: str = ""
+
+    class RuleEnvironment(Environment):  # type: ignore[misc,valid-type]
+        """One episode of the rule: a prompt, one reply, the rule's score."""
+
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._state = State(episode_id=str(uuid4()), step_count=0)
+            self._record = records[0]
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None,
+                  **kwargs: Any) -> Any:
+            scenario = kwargs.get("scenario_id")
+            if scenario is not None and str(scenario) not in by_scenario:
+                raise ValueError(f"no scenario {str(scenario)[:80]!r} among the served prompts")
+            index = by_scenario[str(scenario)] if scenario is not None else (seed or 0) % len(
+                records)
+            self._record = records[index]
+            self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+            prompt = self._record["prompt"]
+            return PromptObservation(
+                prompt=prompt, messages=env.messages_for(prompt),
+                scenario_id=str(self._record["scenario_id"]),
+                metadata={"category": env.category(case_of(env, self._record))})
+
+        def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+            self._state.step_count += 1
+            record = self._record
+            case = case_of(env, record)
+            score = rule_score(env, action.reply, case, record)
+            return PromptObservation(
+                done=True, reward=score, scenario_id=str(record["scenario_id"]),
+                metadata={"category": env.category(case), "passed": passes(score),
+                          "markers": env.markers(action.reply, case)})
+
+        @property
+        def state(self) -> Any:
+            return self._state
+
+    return create_app(RuleEnvironment, ReplyAction, PromptObservation,
+                      env_name=env.name.replace(" ", "_"), max_concurrent_envs=max_concurrent_envs)

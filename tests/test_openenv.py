@@ -1,0 +1,299 @@
+"""OpenEnv environments in, posttrain's rules out (issue #50), with the real ``openenv``
+package: environments written with OpenEnv's own classes (tests/openenv_examples.py),
+reached by URL and by MODULE:APP; rows whose scores are the environment's own rewards;
+a short GRPO through one; the refund rule served by ``posttrain env serve`` and driven by
+OpenEnv's own client; every error in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv")
+
+from openenv_examples import arith_question, arith_reward
+
+from posttrain.cli import main
+from posttrain.envs import get_env
+from posttrain.errors import PosttrainError
+from posttrain.score.rows import grade
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def arith_server():
+    """The arith app on a loopback port, as a server the tests reach by URL."""
+    from posttrain.envs.ecosystem.openenv_server import local_server
+
+    server = local_server("openenv_examples:arith_app")
+    yield server
+    server.stop()
+
+
+def right_on_even_seeds(messages):
+    """Answers the sum when the question's seed is even, something wrong otherwise."""
+    question = messages[-1]["content"]
+    a, b = (int(part.strip(" ?")) for part in question.removeprefix("What is ").split("+"))
+    return f"{a + b}" if (a + b) % 2 == 0 else "I do not know"
+
+
+def test_an_openenv_environment_by_url_and_by_module_grades_with_its_own_rewards(
+        arith_server):
+    by_url = get_env(f"openenv:{arith_server.url}?prompts=12")
+    by_module = get_env("openenv:openenv_examples:arith_app?prompts=12&first_seed=3")
+    try:
+        assert by_url.action.text_field == "answer" and by_url.prompt_field == "prompt"
+        assert set(by_url.categories) <= {"small", "large"}
+        records = by_url.write_prompts(12, seed=0)
+        assert [r["case"]["seed"] for r in records] == list(range(12))
+        for record in records:  # the first observation is the prompt, its metadata the category
+            a, b = arith_question(record["case"]["seed"])
+            assert record["prompt"] == f"What is {a} + {b}?"
+            assert record["category"] == ("small" if a + b < 60 else "large")
+        rows = grade(by_url, records, right_on_even_seeds, 2)
+        assert len(rows) == 24
+        for row in rows:
+            seed = int(row["scenario_id"].removeprefix("seed-"))
+            assert row["score"] == arith_reward(seed, row["reply"])
+            assert row["markers"] == {"action_ok": 1.0}
+        assert {row["score"] for row in rows} == {0.0, 1.0}
+        # by module: posttrain started the app itself; seeds from first_seed on
+        module_records = by_module.write_prompts(4, seed=0)
+        assert {r["case"]["seed"] for r in module_records} <= set(range(3, 15))
+        assert by_module.server is not None and by_module.url.startswith("http://127.0.0.1:")
+        for row in grade(by_module, module_records, right_on_even_seeds, 1):
+            seed = int(row["scenario_id"].removeprefix("seed-"))
+            assert row["score"] == arith_reward(seed, row["reply"])
+    finally:
+        by_url.close()
+        by_module.close()
+    # the app posttrain started is stopped with the environment
+    with pytest.raises(PosttrainError, match="no answer from"):
+        get_env(f"openenv:{by_module.url}?prompts=1")
+
+
+def test_an_action_of_several_fields_takes_json_and_a_reply_that_is_none_fails():
+    env = get_env("openenv:openenv_examples:tool_app?prompts=5")
+    try:
+        assert env.action.text_field is None and set(env.action.fields) == {"tool", "argument"}
+        assert "JSON object" in env.system and env.messages_for("apple")[0]["role"] == "system"
+        case = env.write_prompts(5, seed=0)[0]["case"]
+        word = case["prompt"]
+        assert env.score(json.dumps({"tool": "upper", "argument": word.upper()}), case) == 1.0
+        assert env.score(f'```json\n{{"tool": "upper", "argument": "{word}"}}\n```', case) == 0.5
+        for reply in ("upper it", '{"tool": "upper"}', '{"tool": "upper", "argument": 5}',
+                      '{"tool": "upper", "argument": "x", "extra": 1}', "[]"):
+            assert env.score(reply, case) == 0.0, reply
+            assert env.markers(reply, case) == {"action_ok": 0.0}
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("app, said", [
+    ("nan_app", "ended with reward None; a reward must be a finite number"),
+    ("none_app", "ended with reward None; a reward must be a finite number"),
+    ("endless_app", "is not done after the policy's reply"),
+])
+def test_a_broken_reward_or_an_endless_episode_is_one_line(app, said):
+    env = get_env(f"openenv:openenv_examples:{app}?prompts=2")
+    try:
+        with pytest.raises(PosttrainError) as refused:
+            grade(env, env.write_prompts(2, seed=0), lambda messages: "42", 1)
+        message = str(refused.value)
+        assert said in message and "\n" not in message and app in message
+    finally:
+        env.close()
+
+
+def test_a_server_that_is_down_slow_or_not_openenv_is_one_line(tmp_path, capsys):
+    import http.server
+    import threading
+
+    class NotJson(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/slow/schema":
+                time.sleep(3)
+            try:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"<html>hello</html>")
+            except BrokenPipeError:  # the slow case: the client gave up, as it should
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotJson)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        cases = [
+            ("openenv:http://127.0.0.1:1", "no answer from http://127.0.0.1:1/schema"),
+            (f"openenv:{base}", "did not answer JSON"),
+            (f"openenv:{base}/slow?timeout_s=0.5", "no answer from"),
+            ("openenv:openenv_examples:not_there", "has no 'not_there'"),
+            ("openenv:openenv_examples:ToolEnv", "is not an ASGI app"),
+            ("openenv:openenv_examples:arith_app?colour=red", "unknown --env-arg colour"),
+            ("openenv:openenv_examples:arith_app?prompts=0", "prompts=0"),
+        ]
+        for spec, said in cases:
+            code = main(["eval", "--env", spec, "--agent", "seeded", "--out",
+                         str(tmp_path / "rows.jsonl")])
+            err = capsys.readouterr().err
+            assert code == 2, (spec, err)
+            assert said in err and len(err.strip().splitlines()) == 1, (spec, err)
+            assert not (tmp_path / "rows.jsonl").exists()
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.slow
+def test_posttrain_eval_and_grpo_run_through_an_openenv_environment(arith_server,
+                                                                   starter_2m_folder,
+                                                                   tmp_path):
+    spec = f"openenv:{arith_server.url}?prompts=24"
+    rows_file = tmp_path / "rows.jsonl"
+    assert main(["eval", "--env", spec, "--base-model", "starter-2m", "--prompts", "24",
+                 "--samples", "2", "--max-new-tokens", "16", "--out", str(rows_file)]) == 0
+    rows = [json.loads(line) for line in rows_file.open()]
+    assert rows
+    for row in rows:  # the environment's own reward, row by row
+        seed = int(row["scenario_id"].removeprefix("seed-"))
+        assert row["score"] == arith_reward(seed, row["reply"])
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--env", spec, "--base-model", "starter-2m", "--prompts", "24",
+                 "--steps", "1", "--num-generations", "2", "--batch-size", "4",
+                 "--eval-samples", "1", "--eval-repeats", "1", "--monitor-every", "0",
+                 "--cold-start", "none", "--runs-dir", str(runs), "--run-name", "oe"])
+    assert code in (0, 1)
+    summary = json.loads((runs / "oe" / "summary.json").read_text())
+    assert summary["status"] == "done"
+    config = json.loads((runs / "oe" / "config.json").read_text())
+    assert config["settings"]["env"] == spec
+
+
+def test_posttrain_env_serve_gives_openenv_clients_the_rules_own_scores(tmp_path):
+    """The refund rule served by `posttrain env serve`, driven by OpenEnv's own client:
+    every reward equals posttrain's grading of the same reply; and posttrain's own --env
+    openenv:URL on it grades as the refund rule does."""
+    from openenv import GenericEnvClient
+
+    from posttrain.envs.ecosystem.openenv_server import check_health, free_port
+
+    port = free_port()
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "posttrain", "env", "serve", "--env", "refund", "--prompts",
+         "30", "--port", str(port), "--max-concurrent-envs", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                check_health(url, 1.0, "env serve")
+                break
+            except PosttrainError:
+                assert serving.poll() is None, serving.stdout.read()
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        refund = get_env("refund")
+        records = refund.write_prompts(30, seed=0)
+        agent = refund.scripted_agent(seed=5)
+        with GenericEnvClient(base_url=url).sync() as client:
+            for index, record in enumerate(records[:12]):
+                first = client.reset(seed=index)
+                assert first.observation["prompt"] == record["prompt"]
+                reply = agent(refund.messages_for(record["prompt"]))
+                result = client.step({"reply": reply})
+                expected = grade(refund, [record], lambda messages, r=reply: r, 1)[0]
+                assert result.done and result.reward == expected["score"]
+                assert result.metadata["category"] == expected["category"]
+                assert result.metadata["passed"] == bool(expected["reward"])
+        # posttrain's own adapter on the served rule grades as the rule itself does
+        # (30 situations give the refund writer 40 prompts: one per seed)
+        served = get_env(f"openenv:{url}?prompts={len(records)}&action_field=reply")
+        try:
+            replies = {r["prompt"]: agent(refund.messages_for(r["prompt"])) for r in records}
+            assert served.system == refund.system  # the rule's system prompt came along
+            served_rows = grade(served, served.write_prompts(len(records), seed=0),
+                                lambda messages: replies[messages[-1]["content"]], 1)
+            own_rows = grade(refund, records, lambda messages: replies[messages[-1]["content"]],
+                             1)
+            assert sorted((r["prompt"], r["score"]) for r in served_rows) == sorted(
+                (r["prompt"], r["score"]) for r in own_rows)
+        finally:
+            served.close()
+    finally:
+        serving.terminate()
+        serving.wait(timeout=30)
+
+
+def test_env_serve_refuses_what_it_cannot_serve(capsys):
+    assert main(["env", "serve", "--host", "0.0.0.0"]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+    assert main(["env", "serve", "--env", "refund-multiturn", "--prompts", "4",
+                 "--port", "1"]) == 2
+    assert "plays multi-turn episodes" in capsys.readouterr().err
+
+
+def test_a_multi_step_environment_plays_each_turn_as_a_step():
+    """Episodes of several steps (--env-arg max_turns): each policy turn that calls `act`
+    is a step and the observation comes back; the reward is the episode's last (or sum);
+    a server that allows one session is enough, whatever the number of episodes."""
+    from posttrain.envs.wire import join_turns, render_tool_call
+    from posttrain.score.episodes import play_episodes
+
+    env = get_env("openenv:openenv_examples:two_step_app?prompts=6&max_turns=4")
+    try:
+        assert env.multi_turn and env.tools[0]["function"]["name"] == "act"
+        assert "act" in env.system and env.messages_for("x")[0]["role"] == "system"
+        records = env.write_prompts(6, seed=0)
+        assert set(env.categories) == {"even", "odd"}
+
+        def said(word):
+            return render_tool_call("act", {"word": word})
+
+        def agent(messages):  # hello then bye on even visitors; hello, hello on odd ones
+            visitor = int(messages[1]["content"].split()[1].rstrip(":"))
+            turns = sum(1 for m in messages if m["role"] == "assistant")
+            return said("hello" if turns == 0 or visitor % 2 else "bye")
+
+        starts = [(env.messages_for(r["prompt"]), r["case"], 0) for r in records]
+        played = play_episodes(env, starts, agent)  # six episodes at once, one session
+        for record, episode in zip(records, played, strict=True):
+            seed = record["case"]["seed"]
+            assert len(episode.turns) == 2
+            assert episode.transcript[1]["content"].startswith("Now say bye.")
+            expected = 1.0 if seed % 2 == 0 else 0.0
+            assert env.score(episode.reply, record["case"]) == expected
+            assert env.episode_summary(episode.reply, record["case"])["ended"] == "done"
+        case = records[0]["case"]
+        # a reply that stops after the hello scores what it had; sum adds the two rewards
+        assert env.score(said("hello"), case) == 0.5
+        assert env.markers(said("hello"), case) == {"done": 0.0, "action_ok": 1.0}
+        assert env.score(render_tool_call("act", {"wrong": 1}), case) == 0.0
+        # TRL's environment class: reset reads the seed, act takes a step
+        desk_class = env.trl_environment()
+        desk = desk_class()
+        desk.reset(case=json.dumps(case))
+        assert desk.act(word="hello").startswith("Now say bye.")
+        assert "done" in desk.act(word="bye")
+        import inspect
+
+        assert list(inspect.signature(desk_class.act).parameters) == ["self", "word"]
+    finally:
+        env.close()
+    # (after the first adapter's session closed: the server allows one at a time)
+    summed = get_env("openenv:openenv_examples:two_step_app?prompts=2&max_turns=4&reward=sum")
+    try:
+        assert summed.score(join_turns([said("hello"), said("bye")]), case) == 1.5
+    finally:
+        summed.close()
