@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 
 from posttrain.commands.env_flag import add_env_arg
+from posttrain.data.prompts import load_prompts
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import PromptWriter, require_hook
+from posttrain.envs.ecosystem.openenv_server import free_port
 from posttrain.errors import PosttrainError
+from posttrain.score.openenv_served import openenv_app
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -54,9 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from posttrain.data.prompts import load_prompts
-    from posttrain.score.openenv_served import openenv_app
-
     if args.host not in LOOPBACK and not args.allow_remote:
         raise PosttrainError(f"--host {args.host}: posttrain env serve has no tokens; listen "
                              "on loopback, or pass --allow-remote to serve others")
@@ -74,9 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
                               "serve a file of them with --prompts-file")
         records = writer.write_prompts(args.prompts, seed=args.seed)
     app = openenv_app(env, records, max_concurrent_envs=args.max_concurrent_envs)
-    import uvicorn
-
-    from posttrain.envs.ecosystem.openenv_server import free_port
+    import uvicorn  # the server extra, needed only here
 
     port = args.port or free_port()  # said below, so a client knows where to go
     config = uvicorn.Config(app, host=args.host, port=port, log_level="warning")
