@@ -81,8 +81,8 @@ class ServeSettings:
     max_tokens_per_call: int = field(
         default=Limits.max_tokens_per_call,
         metadata={"help": "most input tokens one forward_backward, forward or logprobs call "
-                  "may carry in all (what one request can cost in memory: about 95 kB a "
-                  "token in the third hostile probe; lower it on a small machine)",
+                  "may carry in all (what one request costs in time; its memory is one "
+                  "pass's of at most 2,048 tokens: 1.4 GB for 32,768 on the starter)",
                   "range": (1, 10_000_000)},
     )
     max_sequence_tokens: int = field(

@@ -27,9 +27,8 @@ class Limits:
     max_datums: int = field(default=1024, metadata={"help": "datums per forward_backward"})
     max_tokens_per_call: int = field(
         default=32_768, metadata={"help": "total input tokens per forward_backward or logprobs "
-                                  "(memory grows with it: about 95 kB a token in the "
-                                  "third hostile probe, so the default bounds one call near "
-                                  "3 GB)"}
+                                  "(time grows with it; memory is one pass's, at most "
+                                  "2,048 tokens: lora_model.MICRO_BATCH_TOKENS)"}
     )
     max_sequence_tokens: int = field(
         default=1024, metadata={"help": "tokens per sequence (capped by the model's context)"}
