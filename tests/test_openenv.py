@@ -236,6 +236,14 @@ def test_posttrain_env_serve_gives_openenv_clients_the_rules_own_scores(tmp_path
         serving.wait(timeout=30)
 
 
+def test_a_recipe_without_a_base_model_says_which_to_bring(tmp_path, capsys):
+    code = main(["grpo", "--env", "openenv:openenv_examples:arith_app?prompts=10",
+                 "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and "bring a base model with --base-model" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
 def test_env_serve_refuses_what_it_cannot_serve(capsys):
     assert main(["env", "serve", "--host", "0.0.0.0"]) == 2
     assert "--allow-remote" in capsys.readouterr().err

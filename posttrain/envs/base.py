@@ -324,6 +324,16 @@ def own_starter_model(env: Env) -> str | None:
     return env.starter_model if has_hook(env, DefaultBaseModel) and env.starter_model else None
 
 
+def check_default_base_model(env: Env) -> None:
+    """Refuse to train ``env`` on the embedded starter when the environment says no starter
+    can play it (its ``needs_base_model``: why), naming the flag to give instead."""
+    why = getattr(env, "needs_base_model", None)
+    if isinstance(why, str) and why and own_starter_model(env) is None:
+        raise PosttrainError(
+            f"environment {env_label(env)}: {why}; bring a base model with --base-model "
+            "(e.g. --base-model smollm2, or a Hugging Face model folder)")
+
+
 def require_single_turn(env: Env, what: str) -> None:
     """Stop ``what`` (a command that trains or scores single replies) on a multi-turn
     environment, saying what to use instead."""

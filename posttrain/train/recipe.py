@@ -47,7 +47,7 @@ from typing import Any, Generic
 
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
-from posttrain.envs.base import Env, env_name, own_starter_model
+from posttrain.envs.base import Env, check_default_base_model, env_name, own_starter_model
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import stop_reason
 from posttrain.policy.loading import load_policy
@@ -142,6 +142,7 @@ def prepare(recipe: str, settings: SettingsT, *,
             settings.base_model = from_run_base_model(root, settings.from_run,
                                                       settings.base_model)
         if settings.base_model is None:  # the environment's own starter, else the starter
+            check_default_base_model(env)
             settings.base_model = env_starter or DEFAULT_STARTER
         # only the main process owns the run folder (and takes its name now, so a second
         # start under that name is refused before either loads a model); the others

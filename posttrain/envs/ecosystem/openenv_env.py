@@ -154,6 +154,11 @@ class ActionShape:
 class OpenEnvEnv(DatasetAdapter):
     """An OpenEnv environment behind posttrain's ``Env`` contract (module docstring)."""
 
+    #: the embedded starter knows refund dialogues, and an OpenEnv server offers no
+    #: reference policy to build one from: the recipes ask for a base model
+    needs_base_model = ("an OpenEnv server offers no reference policy to build a starter "
+                        "from, and the embedded starter knows only the refund rule")
+
     def __init__(self, target: str, args: dict[str, Any] | None = None) -> None:
         self.tools: list[dict[str, Any]] = []  # an Action is the reply, not a tool call
         self.target = target
