@@ -72,3 +72,34 @@ def test_the_verdict_fails_a_run_whose_replies_invent_more_ids():
     # named guards are checked as named, with no choice made
     assert [g.name for g in run_verdict(before, after, guards=("well_formed",)).guards] == [
         "well_formed"]
+
+
+def library_like(n: int, eval_run: int = 0, spread: bool = False) -> list[dict]:
+    """A tool call is paid on a loan and a failure on chitchat (the library rule's shape):
+    no direction across categories, a clear one within each. ``spread``: the policy calls
+    the tool on chitchat too."""
+    return [
+        row("loan", n, 1.0, tool_call=1.0, eval_run=eval_run),
+        row("loan", n + 100, 0.0, eval_run=eval_run),
+        row("chitchat", n, 0.0 if spread else 1.0, tool_call=1.0 if spread else 0.0,
+            eval_run=eval_run),
+        row("chitchat", n + 100, 0.0, tool_call=1.0, eval_run=eval_run),
+    ]
+
+
+def test_a_marker_scored_one_way_within_a_category_guards_that_category():
+    rows = [r for n in range(6) for r in library_like(n)]
+    assert marker_direction(rows, "tool_call") == 0
+    choice = choose_guards(rows, RUN_GUARDS)
+    assert choice.names == ["well_formed", "tool_call@loan", "not:tool_call@chitchat"]
+    assert "guarding per category" in choice.notes[-1]
+    before = [r for run in (0, 1) for n in range(8) for r in library_like(n, eval_run=run)]
+    after = [r for n in range(8) for r in library_like(n, spread=True)]
+    report = run_verdict(before, after)
+    guards = {guard.name: guard for guard in report.guards}
+    # chitchat's tool calls went from half of its replies to all of them: that guard falls,
+    # read on chitchat's rows only; the loan guard holds
+    assert guards["not:tool_call@chitchat"].before == 0.5
+    assert guards["not:tool_call@chitchat"].after == 0.0 and guards["not:tool_call@chitchat"].fell
+    assert not guards["tool_call@loan"].fell and guards["tool_call@loan"].n_paired == 16
+    assert not report.ok and "guard not:tool_call@chitchat fell" in report.warnings

@@ -30,7 +30,14 @@ from functools import partial
 
 from posttrain.score import stats
 from posttrain.score.delta_report import DeltaReport, GroupDelta, GuardStats
-from posttrain.score.guards import NEGATED, choose_guards, guard_marker, guard_value
+from posttrain.score.guards import (
+    NEGATED,
+    SCOPED,
+    choose_guards,
+    guard_marker,
+    guard_rows,
+    guard_value,
+)
 from posttrain.score.noise import ONE_EVALUATION, NoiseBand, noise_band, split_by_eval_run
 from posttrain.score.passat import (
     GroupStats,
@@ -134,8 +141,10 @@ def _resolve_noise(noise: NoiseBand | Sequence[Sequence[Row]] | None, before: Se
 
 def _compare_guard(name: str, before: Sequence[Row], after: Sequence[Row], *, n_boot: int,
                    seed: int, alpha: float) -> GuardStats:
-    # ``not:<marker>`` guards the marker's absence (posttrain.score.guards)
-    value: ValueSpec = (f"marker:{name}" if not name.startswith(NEGATED)
+    # ``not:<marker>`` guards the marker's absence, ``<guard>@<category>`` reads one
+    # category's rows (posttrain.score.guards)
+    before, after = guard_rows(name, before), guard_rows(name, after)
+    value: ValueSpec = (f"marker:{name}" if not name.startswith(NEGATED) and SCOPED not in name
                         else partial(guard_value, name))
     means_before, means_after = scenario_means(before, value), scenario_means(after, value)
     paired = paired_difference(means_before, means_after, n_boot=n_boot, seed=seed, alpha=alpha)
