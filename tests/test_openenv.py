@@ -158,9 +158,9 @@ def test_a_server_that_is_down_slow_or_not_openenv_is_one_line(tmp_path, capsys)
 def test_posttrain_eval_and_grpo_run_through_an_openenv_environment(arith_server,
                                                                    starter_2m_folder,
                                                                    tmp_path):
-    spec = f"openenv:{arith_server.url}?prompts=24"
+    spec = f"openenv:{arith_server.url}?prompts=16"
     rows_file = tmp_path / "rows.jsonl"
-    assert main(["eval", "--env", spec, "--base-model", "starter-2m", "--prompts", "24",
+    assert main(["eval", "--env", spec, "--base-model", "starter-2m", "--prompts", "16",
                  "--samples", "2", "--max-new-tokens", "16", "--out", str(rows_file)]) == 0
     rows = [json.loads(line) for line in rows_file.open()]
     assert rows
@@ -168,7 +168,7 @@ def test_posttrain_eval_and_grpo_run_through_an_openenv_environment(arith_server
         seed = int(row["scenario_id"].removeprefix("seed-"))
         assert row["score"] == arith_reward(seed, row["reply"])
     runs = tmp_path / "runs"
-    code = main(["grpo", "--env", spec, "--base-model", "starter-2m", "--prompts", "24",
+    code = main(["grpo", "--env", spec, "--base-model", "starter-2m", "--prompts", "16",
                  "--steps", "1", "--num-generations", "2", "--batch-size", "4",
                  "--eval-samples", "1", "--eval-repeats", "1", "--monitor-every", "0",
                  "--cold-start", "none", "--runs-dir", str(runs), "--run-name", "oe"])
