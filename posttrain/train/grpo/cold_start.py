@@ -102,7 +102,8 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     until = (f"; stops once a train sample passes at {check.until:g} in every category "
              f"(checked every {check.every} steps from step "
              f"{first_check_step(check.steps, check.every)})" if check.active else "")
-    context.say(f"cold start: SFT, up to {sft.steps} steps x {sft.batch_size} demonstrations, "
+    context.say(f"cold start: SFT, {'up to ' if check.active else ''}{sft.steps} steps x "
+                f"{sft.batch_size} demonstrations, "
                 f"learning rate {learning_rate:g}, trainer in {precision.words()}{until}")
     scratch = tempfile.mkdtemp(prefix="posttrain-cold-start-")
     try:

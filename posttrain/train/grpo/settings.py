@@ -220,12 +220,14 @@ class GRPOSettings(RecipeSettings):
                   "range": (None, 10_000_000)},
     )
     cold_start_until: float = field(
-        default=0.5,
+        default=0.0,
         metadata={"help": "stop the cold start early once one reply to each of up to 8 train "
                           "prompts per category passes at this rate or more in every "
-                          "category (RL learns most from a category passing about half its "
-                          "replies); checked every --cold-start-check-every steps from half "
-                          "the steps on. 0: run every step",
+                          "category (e.g. 0.5: RL learns most from a category passing about "
+                          "half its replies); checked every --cold-start-check-every steps "
+                          "from half the steps on. 0 (default): run every step (0.5 stopped "
+                          "SmolLM2's refund cold start at step 20 on seed 1, before it knew "
+                          "when to call the tool; benchmarks/RESULTS.md, H)",
                   "range": (0.0, 1.0)},
     )
     cold_start_check_every: int = field(
