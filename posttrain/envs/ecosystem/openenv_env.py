@@ -318,18 +318,12 @@ class OpenEnvEnv(DatasetAdapter):
         if action is None:
             return 0.0, {"action_ok": 0.0}
         seed = int(case["seed"])
-
-        def play(env: Any) -> Any:
-            env.reset(seed=seed)
-            return env.step(action)
-
-        with self._lock:
-            try:
-                result = self._call(f"the episode of seed {seed}", play)
-            except PosttrainError as error:
-                if "VALIDATION_ERROR" in str(error):  # the server refused the Action
-                    return 0.0, {"action_ok": 0.0}
-                raise
+        try:
+            result = self.replay(seed, [action])[-1]
+        except PosttrainError as error:
+            if "VALIDATION_ERROR" in str(error):  # the server refused the Action
+                return 0.0, {"action_ok": 0.0}
+            raise
         if not result.done:
             raise PosttrainError(
                 f"{self.where}: the episode of seed {seed} is not done after the policy's "
