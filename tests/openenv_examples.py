@@ -7,12 +7,17 @@ OpenEnv's own ``create_app``: what a user brings with ``--env openenv:...``.
 - ``tool_app``: an Action of two fields (``tool``, ``argument``): reward 1.0 for
   ``upper`` of the word shown, 0.5 for the right tool with the wrong argument;
 - ``nan_app``, ``none_app``, ``endless_app``: a reward of NaN, no reward, never done;
-- ``two_step_app``: an episode of two steps (say hello, then bye), one session at a time.
+- ``two_step_app``: an episode of two steps (say hello, then bye), one session at a time;
+- ``slow_arith_app``: arith whose step takes 50 ms and counts the steps in flight at once
+  (``SlowArithEnv.peak``), on a server that allows two sessions (``slow_arith_app_b``:
+  the same on a server of its own).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -88,6 +93,28 @@ class EndlessEnv(ArithEnv):
         return ArithObservation(done=False, reward=reward)
 
 
+class SlowArithEnv(ArithEnv):
+    """Arith whose step takes 50 ms, counting how many steps run at the same time."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    lock = threading.Lock()
+    in_flight = 0
+    peak = 0
+
+    def step(self, action: ArithAction, timeout_s: float | None = None,
+             **kwargs: Any) -> ArithObservation:
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.peak = max(cls.peak, cls.in_flight)
+        try:
+            time.sleep(0.05)
+            return super().step(action, timeout_s, **kwargs)
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+
+
 class WordAction(Action):
     word: str
 
@@ -133,4 +160,6 @@ tool_app = _app(ToolEnv, ToolAction, WordObservation)
 nan_app = _app(NanEnv, ArithAction, ArithObservation)
 none_app = _app(NoRewardEnv, ArithAction, ArithObservation)
 endless_app = _app(EndlessEnv, ArithAction, ArithObservation)
+slow_arith_app = _app(SlowArithEnv, ArithAction, ArithObservation, sessions=2)
+slow_arith_app_b = _app(SlowArithEnv, ArithAction, ArithObservation, sessions=2)
 two_step_app = _app(TwoStepEnv, WordAction, ArithObservation, sessions=1)

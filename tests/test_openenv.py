@@ -96,6 +96,30 @@ def test_an_action_of_several_fields_takes_json_and_a_reply_that_is_none_fails()
         env.close()
 
 
+def test_episodes_run_on_several_sessions_at_once_as_far_as_the_server_allows(capsys):
+    """concurrency=4 against a server that allows two sessions: two steps in flight at
+    once (never more), said once; the rows are the ones one session at a time gives."""
+    from openenv_examples import SlowArithEnv
+
+    rows = {}
+    for concurrency, app in ((1, "slow_arith_app_b"), (4, "slow_arith_app")):
+        # each on an app of its own: a server frees a closed session's slot in its own time
+        env = get_env(f"openenv:openenv_examples:{app}?prompts=12&concurrency={concurrency}")
+        try:
+            SlowArithEnv.peak = 0
+            rows[concurrency] = grade(env, env.write_prompts(12, seed=0), right_on_even_seeds, 2)
+            assert SlowArithEnv.peak == min(concurrency, 2), concurrency
+            assert env.sessions.limit == min(concurrency, 2)
+        finally:
+            env.close()
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if not line.startswith("openenv: serving")]
+    assert len(said) == 1 and "the server allows 2 session(s) at once" in said[0], said
+    assert [(r["scenario_id"], r["reply"], r["score"], r["markers"]) for r in rows[4]] == [
+        (r["scenario_id"], r["reply"], r["score"], r["markers"]) for r in rows[1]]
+    assert {row["score"] for row in rows[4]} == {0.0, 1.0}
+
+
 @pytest.mark.parametrize("app, said", [
     ("nan_app", "ended with reward None; a reward must be a finite number"),
     ("none_app", "ended with reward None; a reward must be a finite number"),
@@ -237,19 +261,107 @@ def test_posttrain_env_serve_gives_openenv_clients_the_rules_own_scores(tmp_path
 
 
 def test_a_recipe_without_a_base_model_says_which_to_bring(tmp_path, capsys):
-    code = main(["grpo", "--env", "openenv:openenv_examples:arith_app?prompts=10",
+    # an app no other test's run holds sessions of (arith_app is the fixture server's too)
+    code = main(["grpo", "--env", "openenv:openenv_examples:tool_app?prompts=10",
                  "--runs-dir", str(tmp_path / "runs")])
-    err = capsys.readouterr().err
-    assert code == 2 and "bring a base model with --base-model" in err
-    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+    serving, *refusal = capsys.readouterr().err.strip().splitlines()
+    assert serving.startswith("openenv: serving openenv_examples:tool_app on http://127.0.0.1:")
+    assert code == 2 and len(refusal) == 1 and "bring a base model with --base-model" in refusal[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_and_the_app_it_started(starter_2m_folder, tmp_path):
+    """SIGINT mid-run: the command exits 130, leaves no rows file, and the app it served
+    answers no more."""
+    import signal
+
+    from posttrain.envs.ecosystem.openenv_server import check_health
+
+    rows = tmp_path / "rows.jsonl"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "posttrain", "eval", "--env",
+         "openenv:openenv_examples:slow_arith_app?prompts=200", "--base-model", "starter-2m",
+         "--samples", "8", "--out", str(rows)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])})
+    try:
+        line = run.stderr.readline()
+        assert line.startswith("openenv: serving"), line
+        url = line.split(" on ")[1].split()[0]
+        check_health(url, 5.0, "the app the run serves")
+        time.sleep(1.5)
+        assert run.poll() is None, "the run ended before it could be interrupted"
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=60) == 130, run.stderr.read()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    with pytest.raises(PosttrainError, match="no answer from"):
+        check_health(url, 2.0, "the app the run served")
+    assert not rows.exists()
 
 
 def test_env_serve_refuses_what_it_cannot_serve(capsys):
     assert main(["env", "serve", "--host", "0.0.0.0"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
-    assert main(["env", "serve", "--env", "refund-multiturn", "--prompts", "4",
-                 "--port", "1"]) == 2
-    assert "plays multi-turn episodes" in capsys.readouterr().err
+    for flags, said in ((["--max-concurrent-envs", "0"], "--max-concurrent-envs must be"),
+                        (["--port", "70000"], "--port must be 0 to 65535"),
+                        (["--prompts", "0"], "--prompts must be at least 1")):
+        assert main(["env", "serve", *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+class ReplayTurns:
+    """An agent that says ``turns`` in order, one per assistant turn so far."""
+
+    def __init__(self, turns):
+        self.turns = turns
+
+    def __call__(self, messages):
+        return self.turns[sum(m["role"] == "assistant" for m in messages)]
+
+
+def test_env_serve_plays_a_multi_turn_rule_a_turn_a_step():
+    """refund-multiturn served: an OpenEnv client plays each episode a turn a step (tool
+    results back as messages); the final reward, markers and conversation are what
+    posttrain's own episode runner and grading give the same turns."""
+    from openenv import GenericEnvClient
+
+    from posttrain.envs.ecosystem.openenv_server import LocalServer
+    from posttrain.score.openenv_served import openenv_app
+
+    env = get_env("refund-multiturn")
+    records = env.write_prompts(16, seed=0)
+    server = LocalServer("refund-multiturn", openenv_app(env, records, 2)).start()
+    rewards = set()
+    try:
+        with GenericEnvClient(base_url=server.url).sync() as client:
+            for agent in (env.scripted_agent(seed=5), env.scripted_agent(seed=11)):
+                for index, record in enumerate(records[:8]):
+                    result = client.reset(seed=index)
+                    messages = list(result.observation["messages"])
+                    assert messages == env.messages_for(record["prompt"])
+                    turns = []
+                    while not result.done:
+                        turns.append(agent(messages))
+                        result = client.step({"reply": turns[-1]})
+                        messages += [{"role": "assistant", "content": turns[-1]},
+                                     *result.observation["messages"]]
+                        assert len(turns) <= env.max_turns
+                    row = grade(env, [record], ReplayTurns(turns), 1)[0]
+                    assert result.reward == row["score"], (index, turns)
+                    assert result.metadata["markers"] == row["markers"]
+                    assert result.metadata["episode"] == row["episode"]
+                    assert messages[len(env.messages_for(record["prompt"])):] == [
+                        {key: m[key] for key in m} for m in row["transcript"]]
+                    rewards.add(result.reward)
+            with pytest.raises(Exception, match="episode is over"):
+                client.step({"reply": "one more"})
+    finally:
+        server.stop()
+    assert len(rewards) > 1  # passing and failing episodes both came through
 
 
 def test_a_multi_step_environment_plays_each_turn_as_a_step():

@@ -28,7 +28,7 @@ episode members without the declaration, or the declaration without the members.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar, cast, runtime_checkable
 
 from posttrain.agents import Agent
@@ -140,6 +140,17 @@ class ConstructedNegatives(Protocol):
 
 
 @runtime_checkable
+class ScoresAhead(Protocol):
+    """An environment whose score is a round trip (an OpenEnv server's episode): graders
+    hand it a batch of replies first, so it can play them at once, before they read each
+    score and markers one by one (``posttrain.envs.ecosystem.openenv_env``)."""
+
+    def score_ahead(self, pairs: Sequence[tuple[str, Case]]) -> None:
+        """Score these (reply, case) pairs now; ``score`` and ``markers`` then read them."""
+        ...
+
+
+@runtime_checkable
 class DeclaresRewardedFeatures(Protocol):
     """What the reward pays for by design (``rewarded_features()`` below), for the reward
     audit and the hack monitor."""
@@ -237,6 +248,7 @@ HOOK_NAMES: dict[type, str] = {
     BehaviourHelp: "behaviour_help",
     ReferenceAgentSource: "reference_agent",
     ConstructedNegatives: "constructed_negative",
+    ScoresAhead: "score_ahead",
     DeclaresRewardedFeatures: "rewarded_features",
     ReadsRecordFields: "case_from_record",
     StarterDataSource: "starter_data",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.agents import BatchAgent, Messages
-from posttrain.envs.base import Env, as_multi_turn
+from posttrain.envs.base import Desk, Env, as_multi_turn
 from posttrain.envs.wire import join_turns, parse_tool_calls
 
 
@@ -58,6 +58,23 @@ def _answer(agent: Any, conversations: list[Messages], seeds: list[int]) -> list
     return replies
 
 
+def take_turn(desk: Desk, reply: str) -> tuple[list[dict[str, Any]], bool]:
+    """One policy turn on its episode's desk: the ``role: tool`` messages its calls give
+    back, and whether the episode goes on (not after a plain turn, a broken block or a
+    desk that is ``done``; the turn budget is the caller's). ``posttrain env serve`` plays
+    a served episode's turns with it too."""
+    calls = parse_tool_calls(reply)
+    if not calls:  # plain prose or a broken block: the episode's last turn
+        return [], False
+    messages = []
+    for call in calls:
+        result = desk.call(call["name"], call["arguments"])
+        messages.append({"role": "tool", "name": call["name"], "content": result})
+        if desk.done:
+            break
+    return messages, not desk.done
+
+
 def play_episodes(
     env: Env,
     starts: Sequence[tuple[Messages, dict[str, Any], int]],
@@ -84,17 +101,10 @@ def play_episodes(
             conversations[index].append(message)
             played[index].turns.append(reply)
             played[index].transcript.append(message)
-            calls = parse_tool_calls(reply)
-            if not calls:  # plain prose or a broken block: the episode's last turn
-                continue
-            for call in calls:
-                result = desks[index].call(call["name"], call["arguments"])
-                tool_message = {"role": "tool", "name": call["name"], "content": result}
-                conversations[index].append(tool_message)
-                played[index].transcript.append(tool_message)
-                if desks[index].done:
-                    break
-            if not desks[index].done:
+            tool_messages, goes_on = take_turn(desks[index], reply)
+            conversations[index].extend(tool_messages)
+            played[index].transcript.extend(tool_messages)
+            if goes_on:
                 still.append(index)
         active = still
         if on_turn is not None:

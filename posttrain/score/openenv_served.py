@@ -12,11 +12,16 @@ rules.
   eval`` does (``posttrain.score.rows.rule_score``): the observation's ``reward`` is the
   rule's score, ``done`` is True (one reply, one step), and its metadata holds the
   category, ``passed`` and the rule's markers;
+- a multi-turn rule (refund-multiturn, say) plays its episode a turn a step, as
+  ``posttrain eval`` does (``posttrain.score.episodes.take_turn``): each step's ``reply``
+  is one policy turn; a turn with ``<tool_call>`` blocks runs them on the episode's desk
+  and the observation's ``messages`` are the tool results (``done`` False, no reward
+  yet); a plain turn, a done desk or the rule's ``max_turns`` ends the episode, and the
+  reward is the rule's score of the turns joined (the row ``posttrain eval`` writes),
+  with the episode's summary in the metadata (and the last turn's tool results, if any,
+  in ``messages``);
 - sessions are independent (one environment per WebSocket client), up to
   ``max_concurrent_envs`` at once.
-
-Single-reply environments only: a multi-turn rule plays its tool turns in posttrain's
-episode runner, which this socket does not carry yet (refused in one line).
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
-from posttrain.envs.base import Env, case_of, env_label, is_multi_turn, passes
+from posttrain.envs.base import Env, as_multi_turn, case_of, is_multi_turn, passes
+from posttrain.envs.wire import join_turns
 from posttrain.errors import PosttrainError
+from posttrain.score.episodes import take_turn
 from posttrain.score.rows import rule_score
 
 #: the longest reply a step takes (a policy's reply is a few thousand characters at most)
@@ -34,10 +41,6 @@ MAX_REPLY_CHARS = 100_000
 
 def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: int = 8) -> Any:
     """The FastAPI app serving ``env`` on ``records`` (module docstring)."""
-    if is_multi_turn(env):
-        raise PosttrainError(
-            f"posttrain env serve: environment {env_label(env)} plays multi-turn episodes; "
-            "it serves single-reply environments so far")
     if not records:
         raise PosttrainError("posttrain env serve: no prompts to serve")
     try:
@@ -50,23 +53,26 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
                              "'posttrain[openenv]'") from None
 
     by_scenario = {str(record["scenario_id"]): index for index, record in enumerate(records)}
+    episodes = is_multi_turn(env)
+    max_turns = int(as_multi_turn(env).max_turns) if episodes else 1
 
     class ReplyAction(Action):  # type: ignore[misc,valid-type]
-        """The policy's reply to the episode's prompt (bounded: grading is linear in it,
-        and the bound is checked before any grading)."""
+        """The policy's reply to the episode's prompt, or its next turn (bounded: grading is
+        linear in it, and the bound is checked before any grading)."""
 
         reply: str = Field(max_length=MAX_REPLY_CHARS)
 
     class PromptObservation(Observation):  # type: ignore[misc,valid-type]
-        """The prompt (and the chat messages the policy answers) on reset; the rule's grade
-        (reward, done, metadata) after the step."""
+        """The prompt (and the chat messages the policy answers) on reset; a turn's tool
+        results; the rule's grade (reward, done, metadata) when the episode ends."""
 
         prompt: str = ""
         messages: list[dict[str, str]] = Field(default_factory=list)
         scenario_id: str = ""
 
     class RuleEnvironment(Environment):  # type: ignore[misc,valid-type]
-        """One episode of the rule: a prompt, one reply, the rule's score."""
+        """One episode of the rule: a prompt, one reply (or a turn a step, for a
+        multi-turn rule), the rule's score."""
 
         SUPPORTS_CONCURRENT_SESSIONS = True
 
@@ -74,6 +80,9 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
             super().__init__()
             self._state = State(episode_id=str(uuid4()), step_count=0)
             self._record = records[0]
+            self._desk: Any = None
+            self._turns: list[str] = []
+            self._done = False
 
         def reset(self, seed: int | None = None, episode_id: str | None = None,
                   **kwargs: Any) -> Any:
@@ -84,21 +93,40 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
                 records)
             self._record = records[index]
             self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+            case = case_of(env, self._record)
+            self._desk = as_multi_turn(env).new_desk(case) if episodes else None
+            self._turns, self._done = [], False
             prompt = self._record["prompt"]
             return PromptObservation(
                 prompt=prompt, messages=env.messages_for(prompt),
                 scenario_id=str(self._record["scenario_id"]),
-                metadata={"category": env.category(case_of(env, self._record))})
+                metadata={"category": env.category(case)})
 
         def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+            if self._done:
+                raise ValueError("the episode is over: reset() starts the next one")
             self._state.step_count += 1
             record = self._record
             case = case_of(env, record)
-            score = rule_score(env, action.reply, case, record)
+            self._turns.append(action.reply)
+            tool_messages: list[dict[str, Any]] = []
+            if episodes:
+                tool_messages, goes_on = take_turn(self._desk, action.reply)
+                if goes_on and len(self._turns) < max_turns:
+                    return PromptObservation(
+                        done=False, prompt="\n".join(m["content"] for m in tool_messages),
+                        messages=tool_messages, scenario_id=str(record["scenario_id"]),
+                        metadata={"category": env.category(case), "turn": len(self._turns)})
+            self._done = True
+            reply = join_turns(self._turns)
+            score = rule_score(env, reply, case, record)
+            extra = ({"episode": as_multi_turn(env).episode_summary(reply, case)} if episodes
+                     else {})
             return PromptObservation(
-                done=True, reward=score, scenario_id=str(record["scenario_id"]),
+                done=True, reward=score, messages=tool_messages,
+                scenario_id=str(record["scenario_id"]),
                 metadata={"category": env.category(case), "passed": passes(score),
-                          "markers": env.markers(action.reply, case)})
+                          "markers": env.markers(reply, case), **extra})
 
         @property
         def state(self) -> Any:

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.agents import BatchAgent, agent_identity, agent_sampling, stable_seed
-from posttrain.envs.base import Env, case_of, env_label, is_multi_turn, passes, reads_records
+from posttrain.envs.base import (
+    Env,
+    ScoresAhead,
+    case_of,
+    env_label,
+    has_hook,
+    is_multi_turn,
+    passes,
+    reads_records,
+)
 from posttrain.errors import InputFileError, PosttrainError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.score.episodes import play_episodes
@@ -92,9 +101,11 @@ def grade_replies(
     rows = []
     columns = reads_records(env)
     episodes = is_multi_turn(env)
-    for index, ((record, sample, seed), reply) in enumerate(
-            zip(requests, replies, strict=True)):
-        case = case_of(env, record)
+    cases = [case_of(env, record) for record, _, _ in requests]
+    if judge is None and has_hook(env, ScoresAhead):  # e.g. an OpenEnv server's episodes
+        env.score_ahead(list(zip(replies, cases, strict=True)))
+    for index, ((record, sample, seed), reply, case) in enumerate(
+            zip(requests, replies, cases, strict=True)):
         raw = _judge_score(judge, reply, record) if judge else rule_score(env, reply, case,
                                                                            record)
         rows.append(

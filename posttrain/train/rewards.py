@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.envs.base import Env, is_multi_turn, passes
+from posttrain.envs.base import Env, ScoresAhead, has_hook, is_multi_turn, passes
 from posttrain.envs.wire import join_turns, render_tool_call
 from posttrain.errors import PosttrainError
 from posttrain.plugins import load_object
@@ -118,11 +118,14 @@ class RuleReward:
         ground truth, there when the environment reads prompt-file columns."""
         rows = []
         multi_turn = is_multi_turn(self.env)
-        cases = [json.loads(text) for text in case] if case else [None] * len(completions)
-        for completion, prompt, scenario, given in zip(completions, prompt_text, scenario_id,
-                                                       cases, strict=True):
-            reply = completion_text(completion, multi_turn)
-            case_now = given if given is not None else self.env.case_for(prompt)
+        given = [json.loads(text) for text in case] if case else [None] * len(completions)
+        replies = [completion_text(completion, multi_turn) for completion in completions]
+        cases = [known if known is not None else self.env.case_for(prompt)
+                 for known, prompt in zip(given, prompt_text, strict=True)]
+        if has_hook(self.env, ScoresAhead):  # e.g. an OpenEnv server's episodes, at once
+            self.env.score_ahead(list(zip(replies, cases, strict=True)))
+        for reply, prompt, scenario, case_now in zip(replies, prompt_text, scenario_id, cases,
+                                                     strict=True):
             score = self.score_reply(reply, case_now)
             row = {
                 "prompt": prompt,

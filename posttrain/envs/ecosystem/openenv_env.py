@@ -32,14 +32,23 @@ The adapter maps it onto posttrain's contract:
 Errors are one line naming the environment and the problem: a server that is down, slow
 (``timeout_s``, default 30), answers something that is not JSON, a reward that is None or
 NaN, an episode that never ends. ``--env-arg`` keys: ``prompts``, ``first_seed``,
-``prompt_field``, ``action_field``, ``timeout_s``, ``max_turns``, ``reward`` (last|sum).
+``prompt_field``, ``action_field``, ``timeout_s``, ``max_turns``, ``reward`` (last|sum),
+``concurrency`` (default 4).
+
+Episodes run on up to ``concurrency`` WebSocket sessions at once (``openenv_sessions``:
+one environment on the server each, fewer when the server says it is at capacity): the
+first observations, and each batch the graders hand over before reading it
+(``score_ahead``, the ``ScoresAhead`` hook). A reply's episode is played once; its score
+and markers read the same result.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from posttrain.envs.base import Case
@@ -47,11 +56,12 @@ from posttrain.envs.ecosystem.dataset_adapter import (
     DEFAULT_CATEGORY,
     DatasetAdapter,
     Sample,
+    ScoreCache,
     shared_prefix,
 )
 from posttrain.envs.ecosystem.openenv_server import LocalServer, get_json, local_server
+from posttrain.envs.ecosystem.openenv_sessions import SessionPool
 from posttrain.errors import PosttrainError
-from posttrain.text import short_line
 
 DEFAULT_PROMPTS = 100
 DEFAULT_TIMEOUT_S = 30.0
@@ -59,7 +69,9 @@ DEFAULT_TIMEOUT_S = 30.0
 OBSERVATION_BASE_FIELDS = frozenset({"done", "reward", "metadata"})
 #: --env-arg keys this adapter reads
 ARG_KEYS = ("prompts", "first_seed", "prompt_field", "action_field", "timeout_s",
-            "max_turns", "reward")
+            "max_turns", "reward", "concurrency")
+#: episodes played at once (one server session each), unless the server allows fewer
+DEFAULT_CONCURRENCY = 4
 #: JSON schema types and the Python values an Action field of that type takes
 _SCHEMA_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
@@ -74,6 +86,24 @@ def import_openenv() -> Any:
             "--env openenv:...: the openenv package is not installed; install posttrain's "
             "openenv extra (pip install 'posttrain[openenv]', Python 3.10+)") from None
     return GenericEnvClient
+
+
+def session_opener(url: str, timeout_s: float) -> Callable[[], Any]:
+    """What opens one WebSocket session (one environment on the server) at ``url``."""
+
+    def open_session() -> Any:
+        client_class = import_openenv()
+        return client_class(base_url=url, connect_timeout_s=timeout_s,
+                            message_timeout_s=timeout_s).sync()
+
+    return open_session
+
+
+def release(sessions: SessionPool, server: LocalServer | None) -> None:
+    """End an adapter's sessions and stop the app it started (when it or the run ends)."""
+    sessions.close()
+    if server is not None:
+        server.stop()
 
 
 def _field_types(schema: dict[str, Any]) -> dict[str, set[str]]:
@@ -190,11 +220,16 @@ class OpenEnvEnv(DatasetAdapter):
         self.action = ActionShape(schema["action"], self.args.get("action_field"), self.where)
         self.prompt_field = self._prompt_field(schema.get("observation") or {})
         self.system = self.action.system_prompt()
-        self._lock = threading.Lock()
-        self._client: Any = None
+        concurrency = int(self._number("concurrency", DEFAULT_CONCURRENCY, low=1, whole=True))
+        self.sessions = SessionPool(session_opener(self.url, self.timeout_s), concurrency,
+                                    self.where)
+        # dropped (a command in a notebook or a test returns), it ends its sessions and
+        # stops its app, so a shared server's slots come back without waiting for exit
+        self._release = weakref.finalize(self, release, self.sessions, self.server)
+        self._graded_replies = ScoreCache()
         self.record_fields = {"seed": "integer", "category": "string"}
         self._prefixes: list[list[dict[str, str]]] = []
-        samples = [self._first_observation(seed) for seed in range(first, first + count)]
+        samples = self._at_once(self._first_observation, range(first, first + count))
         # the messages before the prompt, when the observation carries the chat (as
         # `posttrain env serve` does: the rule's system prompt), else the Action's format
         self._prefix = shared_prefix(self._prefixes, self.where) if self._prefixes else (
@@ -229,42 +264,27 @@ class OpenEnvEnv(DatasetAdapter):
             return text[0]
         return "prompt" if "prompt" in text else None
 
-    # -- the session ---------------------------------------------------------------
+    # -- the sessions ---------------------------------------------------------------
 
-    def _session(self) -> Any:
-        """The WebSocket session (one environment on the server), opened on first use."""
-        if self._client is None:
-            client_class = import_openenv()
-            self._client = client_class(base_url=self.url, connect_timeout_s=self.timeout_s,
-                                        message_timeout_s=self.timeout_s).sync()
-        return self._client
-
-    def _call(self, what: str, call: Any) -> Any:
+    def _at_once(self, work: Any, items: Any) -> list[Any]:
+        """``work`` over ``items`` on up to ``concurrency`` sessions at once, in order."""
+        items = list(items)
+        if self.sessions.limit <= 1 or len(items) <= 1:
+            return [work(item) for item in items]
         try:
-            return call(self._session())
-        except PosttrainError:
-            raise
-        except Exception as error:  # a server that is down, slow or broken: one line
-            self._drop_session()
-            raise PosttrainError(f"{self.where}: {what} failed: {type(error).__name__}: "
-                                 f"{short_line(error)}") from None
-
-    def _drop_session(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:
-                pass
+            with ThreadPoolExecutor(min(self.sessions.limit, len(items)),
+                                    thread_name_prefix="openenv episode") as pool:
+                return list(pool.map(work, items))
+        finally:  # one session stays for the episodes that come one at a time
+            self.sessions.close(keep=1)
+            self.sessions.say_limit()
 
     def close(self) -> None:
-        """End the session and stop a server this adapter started."""
-        self._drop_session()
-        if self.server is not None:
-            self.server.stop()
+        """End the sessions and stop a server this adapter started."""
+        self._release()
 
     def _first_observation(self, seed: int) -> Sample:
-        result = self._call(f"reset(seed={seed})", lambda env: env.reset(seed=seed))
+        result = self.sessions.run(f"reset(seed={seed})", lambda env: env.reset(seed=seed))
         observation = dict(result.observation or {})
         metadata = {**(observation.get("metadata") or {}), **(result.metadata or {})}
         category = metadata.get("category")
@@ -306,14 +326,14 @@ class OpenEnvEnv(DatasetAdapter):
                     break
             return results
 
-        with self._lock:
-            return list(self._call(f"the episode of seed {seed}", play))
+        return list(self.sessions.run(f"the episode of seed {seed}", play))
 
     def observation_text(self, result: Any) -> str:
         """What the policy is shown of a step's observation."""
         return self._prompt_text(dict(result.observation or {}))
 
     def _episode(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
+        """The reply's episode played: its reward and markers."""
         action = self.action.action_for(reply)
         if action is None:
             return 0.0, {"action_ok": 0.0}
@@ -336,9 +356,20 @@ class OpenEnvEnv(DatasetAdapter):
                                  f"{reward!r}; a reward must be a finite number")
         return float(reward), {"action_ok": 1.0}
 
+    def _graded(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
+        """The reply's episode, played once: ``score`` and ``markers`` read the same one."""
+        return self._graded_replies.get(reply, case, lambda: self._episode(reply, case))
+
+    def score_ahead(self, pairs: Sequence[tuple[str, Case]]) -> None:
+        """Play these replies' episodes now, ``concurrency`` at a time (``ScoresAhead``)."""
+        distinct = list({(reply, json.dumps(case, sort_keys=True, default=str)): (reply, case)
+                         for reply, case in pairs}.values())
+        self._at_once(lambda pair: self._graded(*pair), distinct)
+
     def score(self, reply: str, case: Case) -> float:
         """The observation's reward after the reply's step (0.0 when it makes no Action)."""
-        return self._episode(reply, case)[0]
+        return self._graded(reply, case)[0]
 
     def markers(self, reply: str, case: Case) -> dict[str, float]:
-        return {"action_ok": 0.0 if self.action.action_for(reply) is None else 1.0}
+        """``action_ok``: the reply made an Action the server took."""
+        return dict(self._graded(reply, case)[1])

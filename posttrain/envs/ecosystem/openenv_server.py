@@ -3,9 +3,10 @@ or an app posttrain starts itself (``openenv:MODULE:APP``).
 
 ``local_server(target)`` imports the app (a FastAPI app, as OpenEnv's ``create_app``
 builds it, or a function that returns one), serves it with uvicorn on a free loopback
-port in a daemon thread for the run's life, waits until ``/health`` answers, and stops it
-when the run ends (``stop()``; also at interpreter exit, so Ctrl-C and a failed run leave
-no server behind). ``check_health(url)`` says in one line when a server does not answer.
+port in a daemon thread for the run's life, waits until ``/health`` answers (and says
+where it serves, on standard error), and stops it when the run ends (``stop()``; also at
+interpreter exit, so Ctrl-C and a failed run leave no server behind).
+``check_health(url)`` says in one line when a server does not answer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import atexit
 import json
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -94,6 +96,9 @@ class LocalServer:
                         f"{timeout_s:g} s of starting on {self.url}") from None
                 time.sleep(0.05)
         atexit.register(self.stop)
+        # on standard error: a --json summary on standard output stays JSON
+        print(f"openenv: serving {self.target} on {self.url} for this run", file=sys.stderr,
+              flush=True)
         return self
 
     def stop(self) -> None:

@@ -13,10 +13,11 @@ its last reward so far (0.0 with none).
 
 The server's environment is stateful, posttrain's desk and its reward are replays: a
 desk keeps the episode's actions and, for each new one, plays ``reset(seed)`` and every
-action so far on the adapter's one session (so a server that allows one session at a
-time is enough, and concurrent episodes never ask it for more); the reward plays the
-reply's actions once more. That takes an environment whose episodes are the same for the
-same seed and actions, which is what a seeded ``reset`` promises.
+action so far on one of the adapter's sessions (``openenv_sessions``: so a server that
+allows one session at a time is enough; concurrent episodes share what it allows); the
+reward plays the reply's actions once more, once per reply. That takes an environment
+whose episodes are the same for the same seed and actions, which is what a seeded
+``reset`` promises.
 
 TRL's GRPO plays the same desk through ``trl_environment()``: a class whose ``act``
 method has the Action's fields as parameters (with their JSON types and descriptions).
@@ -124,15 +125,14 @@ class OpenEnvStepsEnv(OpenEnvEnv):
         summary["failed_calls"] = sum(not ok for *_, ok in desk.calls)
         return desk, summary
 
-    def score(self, reply: str, case: Case) -> float:
-        """The episode's last reward (or their sum, ``reward=sum``), 0.0 with none."""
-        desk, _ = self._played(reply, case)
-        return desk.episode_reward(self.reward_of)
-
-    def markers(self, reply: str, case: Case) -> dict[str, float]:
-        _, summary = self._played(reply, case)
-        return {"done": 1.0 if summary["ended"] == "done" else 0.0,
-                "action_ok": 0.0 if summary["failed_calls"] else 1.0}
+    def _episode(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
+        """The episode's last reward (or their sum, ``reward=sum``), 0.0 with none; markers
+        ``done`` (the episode ended) and ``action_ok`` (every call made an Action). The
+        inherited ``score``/``markers`` read it, played once per reply."""
+        desk, summary = self._played(reply, case)
+        return desk.episode_reward(self.reward_of), {
+            "done": 1.0 if summary["ended"] == "done" else 0.0,
+            "action_ok": 0.0 if summary["failed_calls"] else 1.0}
 
     def episode_summary(self, reply: str, case: Case) -> dict[str, Any]:
         return self._played(reply, case)[1]
