@@ -86,6 +86,40 @@ def test_reference_demonstrations_pass_the_rule_and_come_from_the_given_prompts_
     assert report.duplicates > 0  # the reference is deterministic: the second copy is dropped
 
 
+def test_balance_reaches_the_demonstrations_but_distinct_records_of_one_text_do_not():
+    """--balance repeats a minority category's records (the same objects): each copy's
+    demonstrations count again, so the cold start and SFT train on the balanced mix; two
+    distinct records of the same text still give their demonstration once."""
+    from posttrain.data.prompts import balance
+
+    env = get_env("refund")
+    train = prepare_data(DataConfig(prompts=60, seed=3), env).train
+    plain, _ = reference_demos(env, train, 2, seed=0)
+    balanced_train = balance(train, 0.4)
+    balanced, report = reference_demos(env, balanced_train, 2, seed=0)
+    assert len(balanced_train) > len(train)
+
+    def by_category(demos):
+        counts = {}
+        for demo in demos:
+            category = env.category(env.case_for(demo["prompt"][-1]["content"]))
+            counts[category] = counts.get(category, 0) + 1
+        return counts
+
+    def shares(records):
+        counts = {}
+        for record in records:
+            counts[record["category"]] = counts.get(record["category"], 0) + 1
+        return counts
+
+    # one demonstration per record copy (the second sample of each is the same reply)
+    assert by_category(balanced) == shares(balanced_train)
+    assert by_category(plain) == shares(train)
+    assert report.duplicates == len(balanced_train)
+    twins = [dict(train[0]), dict(train[0])]  # two records, one text
+    assert len(reference_demos(env, twins, 2, seed=0)[0]) == 1
+
+
 def test_demonstrations_of_holdout_prompts_are_dropped():
     env = get_env("refund")
     data = prepare_data(DataConfig(prompts=60, seed=3), env)

@@ -143,19 +143,27 @@ def reference_demos(env: Env, records: Sequence[dict[str, Any]], per_prompt: int
                     ) -> tuple[list[Demo], DemoReport]:
     """``per_prompt`` replies per record from the environment's reference agent (the
     ``reference_agent(seed)`` hook), graded by the rule: only passing replies are kept,
-    identical ones once."""
+    identical ones once per copy of a record. A record ``--balance`` repeated (the same
+    record object again, ``data.prompts.balance``) is a copy: its demonstrations count again,
+    so the balance reaches the training data; distinct records of the same text are not."""
     source = require_hook(env, ReferenceAgentSource, "has no reference agent",
                           "give --demos FILE (a JSONL of conversations)")
-    rows = grade(env, list(records), source.reference_agent(seed), k=per_prompt, seed=seed,
+    records = list(records)
+    rows = grade(env, records, source.reference_agent(seed), k=per_prompt, seed=seed,
                  progress=progress)
     report = DemoReport(source=f"the reference agent of {env.name!r}", read=len(rows))
+    copies: dict[int, int] = {}
+    copy_of = []  # for each record, how many times the same object came before it
+    for record in records:
+        copy_of.append(copies.get(id(record), 0))
+        copies[id(record)] = copy_of[-1] + 1
     demos: list[Demo] = []
-    seen: set[tuple[str, str]] = set()
-    for row in rows:
+    seen: set[tuple[str, str, int]] = set()
+    for index, row in enumerate(rows):  # grade's rows: per_prompt per record, in order
         if not row["reward"]:
             report.failed_rule += 1
             continue
-        key = (row["prompt"], row["reply"])
+        key = (row["prompt"], row["reply"], copy_of[index // per_prompt])
         if key in seen:
             report.duplicates += 1
             continue
