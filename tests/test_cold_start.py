@@ -119,7 +119,7 @@ def test_a_cold_started_run_reports_each_phase(starter_2m_folder, tmp_path, caps
     code = main(["grpo", "--base-model", "starter-2m", "--prompts", "40", "--eval-samples", "2",
                  "--eval-repeats", "2", "--steps", "2", "--num-generations", "4",
                  "--monitor-every", "0", "--cold-start", "sft", "--cold-start-steps", "3",
-                 "--runs-dir", str(runs), "--run-name", "cold"])
+                 "--cold-start-balance", "0.4", "--runs-dir", str(runs), "--run-name", "cold"])
     assert code in (0, 1)
     out = capsys.readouterr().out
     folder = runs / "cold"
@@ -142,7 +142,18 @@ def test_a_cold_started_run_reports_each_phase(starter_2m_folder, tmp_path, caps
     assert summary["before"]["pass_at_1"] == pytest.approx(
         sum(row["reward"] for row in cold_rows) / len(cold_rows), abs=0.2)
     assert (folder / "merged" / "config.json").is_file()
-    assert (folder / "cold_start_demos.jsonl").is_file()
+    # --cold-start-balance: the minority categories' prompts repeated in the demonstrations
+    # (each copy's demonstration kept), not in RL's train split
+    demos = [json.loads(line) for line in (folder / "cold_start_demos.jsonl").open()]
+    prompts = [demo["prompt"][-1]["content"] for demo in demos]
+    assert len(prompts) > len(set(prompts))
+    refund = get_env("refund")
+    shares = {}
+    for prompt in prompts:
+        category = refund.category(refund.case_for(prompt))
+        shares[category] = shares.get(category, 0) + 1 / len(prompts)
+    assert min(shares.values()) >= 0.2, shares
+    assert config["settings"]["cold_start_balance"] == 0.4
     assert "== cold start (base -> cold start)" in out
     assert "== RL (cold start -> after RL): the run's verdict" in out
     assert "whole run (base -> after RL):" in out
@@ -235,4 +246,7 @@ def test_the_cold_start_checks_from_half_its_steps_and_stops_at_the_mark(starter
 
 def test_cold_start_until_and_check_every_are_checked():
     assert main(["grpo", "--cold-start-until", "1.5"]) == 2
+    assert main(["grpo", "--cold-start-balance", "1"]) == 2
+    with pytest.raises(SystemExit):  # argparse refuses a share that is no finite number
+        main(["grpo", "--cold-start-balance", "nan"])
     assert main(["grpo", "--cold-start-check-every", "-1"]) == 2

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
 
+from posttrain.data.prompts import balance
 from posttrain.policy.models import merge_adapter, parameter_count, save_policy
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext
@@ -93,7 +94,10 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     ``context.policy`` (saved as ``merged/``), then evaluated on the holdout
     ``eval_repeats`` times; ``context.before_rows`` becomes those rows, RL's baseline."""
     sft = cold_start_settings(settings)
-    demos, report = gather_demos(context, sft)
+    train = context.data.train
+    if settings.cold_start_balance > 0:  # the demonstrations only: RL's mix is --balance's
+        train = balance(train, settings.cold_start_balance)
+    demos, report = gather_demos(context, sft, train)
     write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
     context.say(f"cold start: {report.describe()}")
     learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))

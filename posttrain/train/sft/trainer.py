@@ -46,10 +46,12 @@ def sft_dataset(demos: list[Demo]) -> Any:
         [{"prompt": demo["prompt"], "completion": demo["completion"]} for demo in demos])
 
 
-def gather_demos(context: Any, settings: SFTSettings) -> tuple[list[Demo], DemoReport]:
-    """The demonstrations this run trains on, holdout leaks removed (see module doc)."""
+def gather_demos(context: Any, settings: SFTSettings,
+                 train: list[dict[str, Any]] | None = None) -> tuple[list[Demo], DemoReport]:
+    """The demonstrations this run trains on, holdout leaks removed (see module doc); from
+    the reference agent on ``train`` (default: the run's train split)."""
     if settings.uses_reference():
-        train = context.data.train
+        train = context.data.train if train is None else train
         total = len(train) * settings.demos_per_prompt
         with progress_bar("demos: reference agent", total) as update:
             demos, report = reference_demos(
