@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("openenv")
 
-from openenv_examples import arith_question, arith_reward
+from openenv_examples import ToolEnv, arith_question, arith_reward
 
 from posttrain.cli import main
 from posttrain.envs import get_env
@@ -267,6 +267,25 @@ def test_a_recipe_without_a_base_model_says_which_to_bring(tmp_path, capsys):
     serving, *refusal = capsys.readouterr().err.strip().splitlines()
     assert serving.startswith("openenv: serving openenv_examples:tool_app on http://127.0.0.1:")
     assert code == 2 and len(refusal) == 1 and "bring a base model with --base-model" in refusal[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_other_commands_take_an_openenv_environment(tmp_path, capsys):
+    """prompts write writes the first observations with their seeds; sft and model build,
+    which need the rule's right moves, say in one line which hook it lacks."""
+    spec = "openenv:openenv_examples:tool_app?prompts=6"
+    out = tmp_path / "prompts.jsonl"
+    assert main(["prompts", "write", str(out), "--prompts", "6", "--env", spec]) == 0
+    records = [json.loads(line) for line in out.open()]
+    assert sorted(r["seed"] for r in records) == list(range(6))
+    assert all(r["prompt"] == ToolEnv.WORDS[r["seed"] % 5] for r in records)
+    for command in (["sft", "--base-model", "starter-2m", "--runs-dir", str(tmp_path / "runs")],
+                    ["model", "build"]):
+        capsys.readouterr()
+        assert main([*command, "--env", spec]) == 2, command
+        refusal = [line for line in capsys.readouterr().err.splitlines()
+                   if not line.startswith("openenv: serving")]
+        assert len(refusal) == 1 and "reference_agent hook" in refusal[0], refusal
     assert not (tmp_path / "runs").exists()
 
 
