@@ -260,6 +260,55 @@ def test_posttrain_env_serve_gives_openenv_clients_the_rules_own_scores(tmp_path
         serving.wait(timeout=30)
 
 
+@pytest.mark.slow
+def test_trl_trains_on_a_rule_posttrain_serves(starter_2m_folder, tmp_path):
+    """TRL's own GRPOTrainer (not posttrain's recipe) trains a step on the refund rule
+    served as an OpenEnv environment: prompts from reset(), rewards from step() over
+    openenv's client, each the rule's own score of the completion."""
+    from datasets import Dataset
+    from openenv import GenericEnvClient
+    from trl import GRPOConfig, GRPOTrainer
+
+    from posttrain.envs.ecosystem.openenv_server import LocalServer
+    from posttrain.score.openenv_served import openenv_app
+
+    refund = get_env("refund")
+    records = refund.write_prompts(30, seed=0)
+    server = LocalServer("refund", openenv_app(refund, records, 2)).start()
+    scored = []
+    try:
+        with GenericEnvClient(base_url=server.url).sync() as client:
+            rows = [{"prompt": client.reset(seed=seed).observation["messages"], "seed": seed}
+                    for seed in range(4)]
+
+            def served_reward(completions, seed, **_):
+                rewards = []
+                for completion, episode in zip(completions, seed, strict=True):
+                    text = completion[-1]["content"]
+                    client.reset(seed=episode)
+                    rewards.append(client.step({"reply": text}).reward)
+                    scored.append((episode, text, rewards[-1]))
+                return rewards
+
+            trainer = GRPOTrainer(
+                model=str(starter_2m_folder), reward_funcs=served_reward,
+                train_dataset=Dataset.from_list(rows),
+                args=GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=1,
+                                per_device_train_batch_size=8, num_generations=4,
+                                max_completion_length=32, use_cpu=True, bf16=False,
+                                report_to="none", save_strategy="no", logging_steps=1,
+                                disable_tqdm=True, seed=0))
+            trainer.train()
+    finally:
+        server.stop()
+    assert len(scored) == 8
+    for episode, text, reward in scored:  # the served reward is the rule's score
+        assert reward == refund.score(text, refund.case_for(records[episode]["prompt"]))
+    logged = [entry for entry in trainer.state.log_history if "reward" in entry]
+    assert logged and logged[0]["reward"] == pytest.approx(
+        sum(reward for *_, reward in scored) / len(scored))
+
+
 def test_a_recipe_without_a_base_model_says_which_to_bring(tmp_path, capsys):
     # an app no other test's run holds sessions of (arith_app is the fixture server's too)
     code = main(["grpo", "--env", "openenv:openenv_examples:tool_app?prompts=10",
