@@ -80,6 +80,7 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
             super().__init__()
             self._state = State(episode_id=str(uuid4()), step_count=0)
             self._record = records[0]
+            self._case = case_of(env, self._record)
             self._desk: Any = None
             self._turns: list[str] = []
             self._done = False
@@ -93,7 +94,7 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
                 records)
             self._record = records[index]
             self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-            case = case_of(env, self._record)
+            case = self._case = case_of(env, self._record)
             self._desk = as_multi_turn(env).new_desk(case) if episodes else None
             self._turns, self._done = [], False
             prompt = self._record["prompt"]
@@ -106,8 +107,7 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
             if self._done:
                 raise ValueError("the episode is over: reset() starts the next one")
             self._state.step_count += 1
-            record = self._record
-            case = case_of(env, record)
+            record, case = self._record, self._case
             self._turns.append(action.reply)
             tool_messages: list[dict[str, Any]] = []
             if episodes:

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from posttrain.errors import PosttrainError
@@ -39,29 +38,17 @@ class SessionPool:
         self._idle: list[Any] = []
         self._open = 0
         self._ready = threading.Condition()
-        #: the most sessions that played episodes at the same time
-        self.peak = 0
-        self._busy = 0
 
-    @contextmanager
-    def _slot(self) -> Iterator[Any]:
+    def _slot(self) -> Any:
         """An idle session, else None with a slot reserved for a new one (while under the
         limit), else the next one freed; the caller gives it back or forgets it."""
         with self._ready:
             while not self._idle and self._open >= self.limit:
                 self._ready.wait()
             if self._idle:
-                session = self._idle.pop()
-            else:
-                self._open += 1
-                session = None
-            self._busy += 1
-            self.peak = max(self.peak, self._busy)
-        try:
-            yield session
-        finally:
-            with self._ready:
-                self._busy -= 1
+                return self._idle.pop()
+            self._open += 1
+            return None
 
     def _give_back(self, session: Any) -> None:
         with self._ready:
@@ -81,23 +68,23 @@ class SessionPool:
         ``what``. A new session the server refuses as at capacity lowers the limit to the
         sessions already open and the episode waits for one of them."""
         while True:
-            with self._slot() as session:
-                fresh = session is None
-                try:
-                    if session is None:
-                        session = self.open_session()
-                    result = play(session)
-                except Exception as error:
-                    self._forget(session)
-                    if fresh and CAPACITY_CODE in str(error) and self._lower_limit():
-                        continue
-                    raise PosttrainError(f"{self.where}: {what} failed: "
-                                         f"{type(error).__name__}: {short_line(error)}") from None
-                except BaseException:  # Ctrl-C mid-episode: the session's state is unknown
-                    self._forget(session)
-                    raise
-                self._give_back(session)
-                return result
+            session = self._slot()
+            fresh = session is None
+            try:
+                if session is None:
+                    session = self.open_session()
+                result = play(session)
+            except Exception as error:
+                self._forget(session)
+                if fresh and CAPACITY_CODE in str(error) and self._lower_limit():
+                    continue
+                raise PosttrainError(f"{self.where}: {what} failed: "
+                                     f"{type(error).__name__}: {short_line(error)}") from None
+            except BaseException:  # Ctrl-C mid-episode: the session's state is unknown
+                self._forget(session)
+                raise
+            self._give_back(session)
+            return result
 
     def _lower_limit(self) -> bool:
         """The server is full: play on the sessions already open (False when none is)."""
