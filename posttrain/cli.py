@@ -14,6 +14,7 @@ import sys
 
 from posttrain.commands.env_flag import fold_env_args
 from posttrain.errors import PosttrainError
+from posttrain.interrupts import SIGTERM_EXIT_CODE, Terminated, interruptible
 
 # subcommand modules, in the order `posttrain --help` lists them
 COMMAND_MODULES = (
@@ -49,13 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         fold_env_args(args)
-        return int(args.func(args) or 0)
+        with interruptible():  # a Ctrl-C that landed where Python drops it still stops here
+            return int(args.func(args) or 0)
     except PosttrainError as error:
         print(f"posttrain {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print(f"posttrain {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return SIGTERM_EXIT_CODE if isinstance(interrupt, Terminated) else 130
     except (OSError, RuntimeError) as error:
         # a save that ran out of room (a checkpoint, the store, a model build): one line
         # that says what to do, not a library's traceback; the run is already marked

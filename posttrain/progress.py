@@ -3,7 +3,8 @@
 ``progress_bar(label, total)`` is a context manager yielding ``update(done)``.
 It draws a rich bar (with rate and ETA) on a terminal and prints a few plain
 milestone lines otherwise (CI logs, pipes) once the work has taken a second,
-so long work is never silent and quick work is not noisy.
+so long work is never silent and quick work is not noisy. Each update is also a checkpoint
+for a Ctrl-C that Python could not raise where it landed (``posttrain.interrupts``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from posttrain.interrupts import raise_if_interrupted
+
 Update = Callable[[int], None]
 
 
@@ -20,7 +23,7 @@ Update = Callable[[int], None]
 def progress_bar(label: str, total: int, *, enabled: bool = True) -> Iterator[Update]:
     """Show progress of ``total`` units of work; yields ``update(done_so_far)``."""
     if not enabled or total <= 0:
-        yield lambda done: None
+        yield lambda done: raise_if_interrupted()
         return
     if sys.stderr.isatty():
         from rich.progress import (
@@ -42,12 +45,18 @@ def progress_bar(label: str, total: int, *, enabled: bool = True) -> Iterator[Up
         )
         with Progress(*columns, transient=False) as bar:
             task = bar.add_task(label, total=total)
-            yield lambda done: bar.update(task, completed=done)
+
+            def draw(done: int) -> None:
+                raise_if_interrupted()
+                bar.update(task, completed=done)
+
+            yield draw
         return
     started = time.monotonic()
     next_mark = [0.25]
 
     def update(done: int) -> None:
+        raise_if_interrupted()
         fraction = done / total
         elapsed = time.monotonic() - started
         if elapsed >= 1.0 and fraction >= next_mark[0]:  # quick work stays quiet

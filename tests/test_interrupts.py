@@ -1,12 +1,15 @@
-"""SIGTERM and an inherited, ignored SIGINT both reach a recipe as an interrupt."""
+"""SIGTERM and an inherited, ignored SIGINT both reach a recipe as an interrupt, also when
+the signal lands where Python drops the exception it raises."""
 
 import os
 import signal
+import sys
 import time
 
 import pytest
 
-from posttrain.interrupts import Terminated, interruptible, stop_reason
+from posttrain.interrupts import Terminated, handled, interruptible
+from posttrain.progress import progress_bar
 
 
 def test_sigterm_inside_raises_terminated_and_the_old_handler_comes_back():
@@ -14,7 +17,7 @@ def test_sigterm_inside_raises_terminated_and_the_old_handler_comes_back():
     with pytest.raises(Terminated) as caught, interruptible():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler raises before this returns; if not, the test fails
-    assert stop_reason(caught.value) == "SIGTERM"
+    assert handled(caught.value) == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -24,7 +27,69 @@ def test_ctrl_c_works_even_when_the_process_started_with_sigint_ignored():
         with pytest.raises(KeyboardInterrupt) as caught, interruptible():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the handler raises before this returns; if not, the test fails
-        assert stop_reason(caught.value) == "Ctrl-C"
+        assert handled(caught.value) == "Ctrl-C"
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # put back as it was
     finally:
         signal.signal(signal.SIGINT, saved)
+
+
+class _SignalsWhileCollected:
+    """Sends a signal from ``__del__``: the handler then runs inside the finalizer, where
+    Python prints "Exception ignored" and drops what it raises (as when garbage collection
+    runs a weakref callback at the moment Ctrl-C arrives)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        os.kill(os.getpid(), self.signum)
+        time.sleep(0.2)  # the handler runs here, inside the finalizer
+
+
+def _lose_a_signal(signum):
+    _SignalsWhileCollected(signum)  # dropped at once: __del__ runs now, on this line
+
+
+@pytest.mark.parametrize("signum, kind", [(signal.SIGINT, KeyboardInterrupt),
+                                          (signal.SIGTERM, Terminated)])
+def test_a_signal_python_dropped_is_raised_at_the_next_progress_update(signum, kind,
+                                                                      monkeypatch):
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_type))
+    reached = []
+    with pytest.raises(kind) as caught, interruptible():
+        _lose_a_signal(signum)
+        assert dropped == [kind]  # Python did drop it
+        reached.append("after the finalizer")
+        for enabled in (False, True):
+            with progress_bar("work", 10, enabled=enabled) as update:
+                update(1)
+                reached.append("after an update")
+    assert reached == ["after the finalizer"]
+    assert type(caught.value) is kind
+    # handled: nothing is raised again
+    with interruptible():
+        with progress_bar("work", 10, enabled=False) as update:
+            update(1)
+
+
+def test_a_dropped_signal_with_no_checkpoint_is_raised_when_the_block_ends(monkeypatch):
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: None)
+    finished = []
+    with pytest.raises(KeyboardInterrupt), interruptible():
+        _lose_a_signal(signal.SIGINT)
+        finished.append(True)
+    assert finished == [True]
+    with interruptible():  # raised once, not again
+        pass
+
+
+def test_an_interrupt_the_code_handled_itself_is_not_raised_again():
+    with interruptible():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt as interrupt:
+            assert handled(interrupt) == "Ctrl-C"  # what a recipe does: stop, keep, go on
+        with progress_bar("finish", 3, enabled=False) as update:
+            update(3)

@@ -150,8 +150,8 @@ class SqliteRunStore(SqlRunStore):
         mode = self._wal_mode()
         if str(mode).lower() != "wal":
             raise RunStoreError(f"{self.path}: SQLite could not switch to WAL mode (got {mode})")
-        version = self._check_version()
-        if version < SCHEMA_VERSION and self._has_tables():
+        version, has_tables = self._version_and_tables()
+        if version < SCHEMA_VERSION and has_tables:
             self._back_up(version)  # outside the write lock: a copy of an old store
         with self._lock:
             cursor = self._writer.cursor()
@@ -195,8 +195,16 @@ class SqliteRunStore(SqlRunStore):
             )
         return int(version)
 
-    def _has_tables(self) -> bool:
-        return self._writer.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+    def _version_and_tables(self) -> tuple[int, bool]:
+        """The schema version and whether the file has tables, read in one statement (one
+        snapshot): read apart, a new store another opener commits in between reads as
+        version 0 *with* tables, an old store to back up."""
+        version, tables = self._writer.execute(
+            "SELECT (SELECT user_version FROM pragma_user_version), "
+            "(SELECT count(*) FROM sqlite_master)").fetchone()
+        if version > SCHEMA_VERSION:
+            self._check_version()  # says which file and what to do
+        return int(version), tables > 0
 
     def backup_path(self, version: int) -> Path:
         """Where the copy of a schema-``version`` store is kept before it is migrated."""

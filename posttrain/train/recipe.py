@@ -49,7 +49,7 @@ from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
 from posttrain.envs.base import Env, check_default_base_model, env_name, own_starter_model
 from posttrain.errors import PosttrainError
-from posttrain.interrupts import stop_reason
+from posttrain.interrupts import handled
 from posttrain.policy.loading import load_policy
 from posttrain.policy.models import Policy, load_adapter, merge_adapter, parameter_count
 from posttrain.runs.folder import (
@@ -381,7 +381,8 @@ def finishing(context: RecipeContext[Any]) -> Iterator[Measured]:
     except KeyboardInterrupt as interrupt:
         outcome = measured.outcome
         status = outcome.status = "stopped"
-        outcome.stop_reason = outcome.stop_reason or stop_reason(interrupt)
+        reason = handled(interrupt)  # a checkpoint raises it no more
+        outcome.stop_reason = outcome.stop_reason or reason
         context.say(f"interrupted ({outcome.stop_reason}): the run is marked stopped; what "
                     "was measured is kept")
     except BaseException as failure:

@@ -62,6 +62,7 @@ from posttrain.envs.ecosystem.dataset_adapter import (
 from posttrain.envs.ecosystem.openenv_server import LocalServer, get_json, local_server
 from posttrain.envs.ecosystem.openenv_sessions import SessionPool
 from posttrain.errors import PosttrainError
+from posttrain.interrupts import raise_if_interrupted
 
 DEFAULT_PROMPTS = 100
 DEFAULT_TIMEOUT_S = 30.0
@@ -271,11 +272,18 @@ class OpenEnvEnv(DatasetAdapter):
         items = list(items)
         if self.sessions.limit <= 1 or len(items) <= 1:
             return [work(item) for item in items]
+        pool = ThreadPoolExecutor(min(self.sessions.limit, len(items)),
+                                  thread_name_prefix="openenv episode")
         try:
-            with ThreadPoolExecutor(min(self.sessions.limit, len(items)),
-                                    thread_name_prefix="openenv episode") as pool:
-                return list(pool.map(work, items))
-        finally:  # one session stays for the episodes that come one at a time
+            done = []
+            for result in pool.map(work, items):
+                raise_if_interrupted()  # a Ctrl-C Python dropped stops here, not at the end
+                done.append(result)
+            return done
+        finally:
+            # on Ctrl-C (or a failed episode) wait only for the episodes in flight
+            pool.shutdown(wait=True, cancel_futures=True)
+            # one session stays for the episodes that come one at a time
             self.sessions.close(keep=1)
             self.sessions.say_limit()
 
