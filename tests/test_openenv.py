@@ -332,9 +332,10 @@ def test_the_other_commands_take_an_openenv_environment(tmp_path, capsys):
                     ["model", "build"]):
         capsys.readouterr()
         assert main([*command, "--env", spec]) == 2, command
-        refusal = [line for line in capsys.readouterr().err.splitlines()
-                   if not line.startswith("openenv: serving")]
+        said = capsys.readouterr().err.splitlines()
+        refusal = [line for line in said if not line.startswith("openenv: serving")]
         assert len(refusal) == 1 and "reference_agent hook" in refusal[0], refusal
+        assert len(said) - len(refusal) == 1, said  # the app started once, not per check
     assert not (tmp_path / "runs").exists()
 
 

@@ -165,11 +165,13 @@ def needs_hook_starter(env: Any) -> bool:
 
 
 def hook_recipe(env_spec: str, prompts_file: str | None = None,
-                seed: int | None = None) -> StarterRecipe:
+                seed: int | None = None, *, loaded: Any = None) -> StarterRecipe:
     """The starter of environment ``env_spec`` built from its hooks (``starters.hook_data``):
     named ``starter-<env name>``, keyed by the environment's name and dialogues, from build
-    seed ``seed`` (default 0). PosttrainError naming the hook the environment lacks."""
-    env = get_env(env_spec)
+    seed ``seed`` (default 0). PosttrainError naming the hook the environment lacks.
+    ``loaded``: the environment already loaded from ``env_spec`` (an OpenEnv app is not
+    started twice)."""
+    env = loaded if loaded is not None else get_env(env_spec)
     # the environment's own writer wins: its starter then does not change with the file
     use_file = prompts_file is not None and not has_hook(env, PromptWriter)
     file = str(Path(prompts_file).resolve()) if prompts_file is not None and use_file else None

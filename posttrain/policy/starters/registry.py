@@ -37,8 +37,9 @@ def recipe_for(name: str, *, env: str | None = None, prompts_file: str | None = 
     starter when it has no hand-written one (``hook_recipe``; ``prompts_file`` for an
     environment without a prompt writer)."""
     base, seed = split_seeded_name(name)
-    if base == "starter" and env is not None and needs_hook_starter(get_env(env)):
-        return hook_recipe(env, prompts_file, seed)
+    loaded = get_env(env) if base == "starter" and env is not None else None
+    if loaded is not None and needs_hook_starter(loaded):
+        return hook_recipe(env, prompts_file, seed, loaded=loaded)
     recipes = all_recipes()
     if base not in recipes:
         choices = ", ".join(sorted(recipes))

@@ -35,8 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import ConstructedNegatives, has_hook, require_single_turn
+from posttrain.envs import DEFAULT_ENV
+from posttrain.envs.base import ConstructedNegatives, Env, has_hook, require_single_turn
 from posttrain.errors import PosttrainError
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
 from posttrain.train.training_data.pairs import DEFAULT_CONSTRUCTED_SHARE, load_pairs
@@ -229,13 +229,15 @@ class DPOSettings(RecipeSettings):
         super().check()
         check_dpo_settings(self)
 
+    def check_env(self, env: Env) -> None:
+        require_single_turn(env, "posttrain dpo")
+
 
 def check_dpo_settings(settings: DPOSettings) -> None:
     """Refuse impossible settings, and read ``--pairs``, before anything is loaded or written.
 
     Raises ``PosttrainError`` (``InputFileError`` for a bad pairs line, naming it).
     """
-    require_single_turn(get_env(settings.env), "posttrain dpo")
     if settings.loss_type not in DPO_LOSS_TYPES:
         raise PosttrainError(
             f"--loss-type {settings.loss_type!r} is not a DPO loss this TRL accepts; "

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs import DEFAULT_ENV, get_env
-from posttrain.envs.base import ReferenceAgentSource, is_multi_turn, require_hook
+from posttrain.envs import DEFAULT_ENV
+from posttrain.envs.base import Env, ReferenceAgentSource, is_multi_turn, require_hook
 from posttrain.errors import PosttrainError
 from posttrain.train.settings import RecipeSettings, rate_for_size, trainer_runtime_kwargs
 from posttrain.train.training_data.demos import REFERENCE, load_demos
@@ -119,6 +119,19 @@ class SFTSettings(RecipeSettings):
         super().check()
         check_sft_settings(self)
 
+    def check_env(self, env: Env) -> None:
+        # on the environment the run loads (loading it again would start an OpenEnv app
+        # a second time): the reference agent writes single replies
+        if not self.uses_reference():
+            return
+        if is_multi_turn(env):
+            raise PosttrainError(
+                f"--demos reference writes single replies; {env.name!r} plays episodes: give "
+                "--demos FILE with whole conversations (tool calls and tool results)"
+            )
+        require_hook(env, ReferenceAgentSource, "has no reference agent",
+                     "give --demos FILE (a JSONL of conversations)")
+
 
 def check_sft_settings(settings: SFTSettings) -> None:
     """Refuse impossible settings, and read ``--demos FILE``, before anything loads or is
@@ -137,16 +150,7 @@ def check_sft_settings(settings: SFTSettings) -> None:
     if settings.demos_per_prompt < 1:
         raise PosttrainError(
             f"--demos-per-prompt must be at least 1, got {settings.demos_per_prompt}")
-    if settings.uses_reference():
-        env = get_env(settings.env)
-        if is_multi_turn(env):
-            raise PosttrainError(
-                f"--demos reference writes single replies; {env.name!r} plays episodes: give "
-                "--demos FILE with whole conversations (tool calls and tool results)"
-            )
-        require_hook(env, ReferenceAgentSource, "has no reference agent",
-                     "give --demos FILE (a JSONL of conversations)")
-    else:
+    if not settings.uses_reference():
         if not Path(settings.demos).is_file():
             raise PosttrainError(
                 f"--demos {settings.demos!r}: no such file; give a JSONL of conversations "
