@@ -22,6 +22,7 @@ from openenv_examples import ToolEnv, arith_question, arith_reward
 from posttrain.cli import main
 from posttrain.envs import get_env
 from posttrain.errors import PosttrainError
+from posttrain.runs.sqlite_store import SqliteRunStore
 from posttrain.score.rows import grade
 
 TESTS = Path(__file__).resolve().parent
@@ -486,3 +487,25 @@ def test_a_multi_step_environment_plays_each_turn_as_a_step():
         assert summed.score(join_turns([said("hello"), said("bye")]), case) == 1.5
     finally:
         summed.close()
+
+
+@pytest.mark.slow
+def test_a_run_on_an_environment_that_breaks_is_marked_failed_in_one_line(starter_2m_folder,
+                                                                            tmp_path, capsys):
+    """A reward of NaN mid-run: exit 2, one error line naming the environment, the run
+    marked failed in its summary and the store, no adapter left behind."""
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--env", "openenv:openenv_examples:nan_app?prompts=8",
+                 "--base-model", "starter-2m", "--prompts", "8", "--steps", "1",
+                 "--num-generations", "2", "--batch-size", "4", "--eval-samples", "1",
+                 "--eval-repeats", "1", "--monitor-every", "0", "--cold-start", "none",
+                 "--runs-dir", str(runs), "--run-name", "broken"])
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("posttrain grpo: error")]
+    assert len(errors) == 1 and "nan_app" in errors[0] and "finite number" in errors[0], err
+    summary = json.loads((runs / "broken" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "finite number" in summary["error"]
+    assert not (runs / "broken" / "adapter").exists()
+    with SqliteRunStore(runs / "posttrain.db") as store:
+        assert store.get_run("broken")["status"] == "failed"
