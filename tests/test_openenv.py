@@ -195,11 +195,16 @@ def test_posttrain_eval_and_grpo_run_through_an_openenv_environment(arith_server
     runs = tmp_path / "runs"
     code = main(["grpo", "--env", spec, "--base-model", "starter-2m", "--prompts", "16",
                  "--steps", "1", "--num-generations", "2", "--batch-size", "4",
-                 "--eval-samples", "1", "--eval-repeats", "1", "--monitor-every", "0",
+                 "--eval-samples", "1", "--eval-repeats", "1", "--monitor-every", "1",
                  "--cold-start", "none", "--runs-dir", str(runs), "--run-name", "oe"])
     assert code in (0, 1)
     summary = json.loads((runs / "oe" / "summary.json").read_text())
     assert summary["status"] == "done"
+    # the hack monitor re-graded the policy's holdout replies through the environment at
+    # step 1; the reward audit ran on the base rows (too few per category here to scan)
+    monitor = summary["monitor"]
+    assert [check["step"] for check in monitor["checks"]] == [1], monitor
+    assert set(summary["reward_audit"]["skipped"]) == {"large", "small"}  # too few rows here
     config = json.loads((runs / "oe" / "config.json").read_text())
     assert config["settings"]["env"] == spec
 
