@@ -187,13 +187,16 @@ class SqliteRunStore(SqlRunStore):
                 time.sleep(0.05)
 
     def _check_version(self) -> int:
-        version = self._writer.execute("PRAGMA user_version").fetchone()[0]
+        return self._known(int(self._writer.execute("PRAGMA user_version").fetchone()[0]))
+
+    def _known(self, version: int) -> int:
+        """``version``, refused when it is newer than this posttrain understands."""
         if version > SCHEMA_VERSION:
             raise RunStoreError(
                 f"{self.path}: run store schema {version} is newer than this posttrain "
                 f"understands ({SCHEMA_VERSION}); upgrade posttrain or use another file"
             )
-        return int(version)
+        return version
 
     def _version_and_tables(self) -> tuple[int, bool]:
         """The schema version and whether the file has tables, read in one statement (one
@@ -202,9 +205,7 @@ class SqliteRunStore(SqlRunStore):
         version, tables = self._writer.execute(
             "SELECT (SELECT user_version FROM pragma_user_version), "
             "(SELECT count(*) FROM sqlite_master)").fetchone()
-        if version > SCHEMA_VERSION:
-            self._check_version()  # says which file and what to do
-        return int(version), tables > 0
+        return self._known(int(version)), tables > 0
 
     def backup_path(self, version: int) -> Path:
         """Where the copy of a schema-``version`` store is kept before it is migrated."""
