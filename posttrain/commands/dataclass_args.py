@@ -166,16 +166,25 @@ def add_dataclass_args(
 def settings_from_args(cls: type[T], args: argparse.Namespace,
                        file_values: dict[str, Any] | None = None, **overrides: Any) -> T:
     """An instance of ``cls`` from the parsed flags: a flag given on the command line, else
-    ``file_values`` (a settings file), else the field's default; ``overrides`` win."""
+    ``file_values`` (a settings file), else the field's default; ``overrides`` win. A class
+    with an ``explicit`` field gets the names of the fields set by a flag or the file."""
     values = {}
+    explicit = []
     for field in dataclasses.fields(cls):
         if not hasattr(args, field.name):
             continue
         value = getattr(args, field.name)
         if isinstance(value, Unset):
+            if field.name in (file_values or {}):
+                explicit.append(field.name)
             value = (file_values or {}).get(field.name, value.value)
+        else:
+            explicit.append(field.name)
         values[field.name] = value
     values.update(overrides)
+    # settings that keep a record of what the user set (``RecipeSettings.explicit``)
+    if "explicit" in {field.name for field in dataclasses.fields(cls)}:
+        values["explicit"] = tuple(explicit)
     settings = cls(**values)
     check_numbers(settings)
     return settings

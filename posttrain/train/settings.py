@@ -210,6 +210,10 @@ class RecipeSettings(DataFlags):
     )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    # the fields set on the command line or in --config (``settings_from_args`` fills it):
+    # not a flag and not in config.json. A default a recipe picks from what it measured
+    # (GRPO's cold start shape) never replaces one of these.
+    explicit: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def default_learning_rate(self, parameters: int) -> float:
         """The learning rate when ``--learning-rate`` is not given; recipes override it."""
@@ -272,6 +276,7 @@ class RecipeSettings(DataFlags):
     def to_config(self) -> dict[str, Any]:
         """Every field, for ``config.json`` (a store URL's password hidden)."""
         config = dataclasses.asdict(self)
+        config.pop("explicit", None)
         if config.get("store"):
             config["store"] = describe_store(config["store"])
         return config

@@ -37,6 +37,7 @@ from posttrain.policy.judge import endpoint_judge
 from posttrain.policy.vllm_sampler import vllm_problem
 from posttrain.score.rubric import trl_scale_rewards
 from posttrain.train.grpo.cold_start_choice import COLD_STARTS, check_cold_start
+from posttrain.train.grpo.cold_start_shape import COLD_START_SHAPES
 from posttrain.train.grpo.rollout import ROLLOUTS
 from posttrain.train.grpo.shared_prefix import SHARED_PREFIX_CHOICES
 from posttrain.train.settings import RecipeSettings, trainer_runtime_kwargs
@@ -214,6 +215,18 @@ class GRPOSettings(RecipeSettings):
                           "each phase its own delta",
                   "choices": COLD_STARTS},
     )
+    cold_start_shape: str = field(
+        default="auto",
+        metadata={"help": "how the cold start and the RL after it are shaped: full (the "
+                          "defaults of these flags), light (--cold-start-steps 30 "
+                          "--cold-start-until 0.3 --cold-start-balance 0.33 --balance 0.33 "
+                          "--beta 0.2 --temperature 1.2: a short cold start that leaves RL "
+                          "exploring), or auto (light when some category the base never "
+                          "passes scored every group alike, so the move is absent, not "
+                          "partial; else full). Flags you give are kept either way; the run "
+                          "says which shape and why",
+                  "choices": COLD_START_SHAPES},
+    )
     cold_start_steps: int = field(
         default=40,
         metadata={"help": "SFT steps of the cold start (8 demonstrations a step)",
@@ -334,6 +347,9 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     if settings.cold_start not in COLD_STARTS:
         raise PosttrainError(f"--cold-start {settings.cold_start!r}: expected one of "
                              f"{', '.join(COLD_STARTS)}")
+    if settings.cold_start_shape not in COLD_START_SHAPES:
+        raise PosttrainError(f"--cold-start-shape {settings.cold_start_shape!r}: expected one "
+                             f"of {', '.join(COLD_START_SHAPES)}")
     if settings.cold_start_steps < 1:
         raise PosttrainError(
             f"--cold-start-steps must be at least 1, got {settings.cold_start_steps}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
@@ -20,7 +22,8 @@ from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.grpo.cold_start import run_cold_start
-from posttrain.train.grpo.cold_start_choice import choose_cold_start
+from posttrain.train.grpo.cold_start_choice import ColdStartChoice, choose_cold_start
+from posttrain.train.grpo.cold_start_shape import ColdStartShape, shape_settings, shaped_train
 from posttrain.train.grpo.monitor import HackMonitor, MonitorSettings
 from posttrain.train.grpo.rollout import (
     DeadGroupRedraw,
@@ -256,6 +259,29 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
     )
 
 
+def shape_run(context: RecipeContext[GRPOSettings], settings: GRPOSettings,
+              choice: ColdStartChoice) -> tuple[GRPOSettings, ColdStartShape]:
+    """The run's settings and train prompts under its cold start shape
+    (``cold_start_shape``): said, and written to ``config.json`` so that ``--config`` on it
+    runs the same again."""
+    settings, shape = shape_settings(settings.cold_start_shape, choice, settings)
+    context.say(shape.words())
+    if shape.applied:
+        context.settings = settings
+        train = shaped_train(context.data.train, shape)
+        if train is not context.data.train:
+            counts = Counter(str(record["category"]) for record in train)
+            context.say(f"RL's train prompts balanced to {shape.applied['balance']:g} a "
+                        f"category: {len(context.data.train)} -> {len(train)} ("
+                        + ", ".join(f"{name} {counts[name]}" for name in sorted(counts)) + ")")
+            context.data = replace(context.data, train=train)
+        recipe.record_in_config(context, "settings", settings.to_config())
+        recipe.record_in_config(context, "data", {"source": context.data.source,
+                                                  "split": context.data.split,
+                                                  **context.data.counts()})
+    return settings, shape
+
+
 def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
     """Run the GRPO recipe end to end; returns the summary (also in summary.json).
 
@@ -279,7 +305,10 @@ def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
         # GRPO's own first phase when the base gives RL nothing to learn from
         context.say(f"cold start: {choice.reason}")
         measured.notes["cold_start"] = choice.to_dict()
-        recipe.record_in_config(context, "cold_start", choice.to_dict())
+        if choice.run:
+            settings, shape = shape_run(context, settings, choice)
+            measured.notes["cold_start"]["shape"] = shape.to_dict()
+        recipe.record_in_config(context, "cold_start", measured.notes["cold_start"])
         if choice.run:
             with recipe.timed(context, "cold_start_s"):
                 cold = run_cold_start(context, settings)
