@@ -11,6 +11,7 @@ import pytest
 from posttrain.cli import build_parser, main
 from posttrain.commands.recipe_command import settings_for
 from posttrain.commands.settings_file import load_settings_file
+from posttrain.runs.sqlite_store import SqliteRunStore
 from posttrain.train.grpo.cold_start_choice import choose_cold_start
 from posttrain.train.grpo.cold_start_shape import (
     LIGHT_SHAPE,
@@ -114,6 +115,10 @@ def test_bad_shapes_are_refused(tmp_path, capsys):
     assert "--cold-start-shape 'wide': expected one of auto, full, light" in \
         capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    # a shape for a cold start that never runs
+    assert main(["grpo", "--cold-start", "none", "--cold-start-shape", "light"]) == 2
+    assert "--cold-start-shape light shapes a cold start and --cold-start none runs none" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -138,6 +143,10 @@ def test_a_light_run_says_its_shape_and_records_what_it_set(starter_2m_folder, t
     shape = config["cold_start"]["shape"]
     assert shape["name"] == "light" and shape["kept"] == ["cold_start_steps"]
     assert summary["cold_start"]["shape"] == shape
+    # the run's notes in the store say it too (its record keeps the settings it opened with)
+    with SqliteRunStore(runs / "posttrain.db") as store:
+        notes = [note["text"] for note in store.get_run("light")["notes"]]
+    assert any(text.startswith("cold start shape: light") for text in notes), notes
     settings = config["settings"]
     assert (settings["temperature"], settings["beta"], settings["balance"],
             settings["cold_start_steps"], settings["cold_start_shape"]) == (

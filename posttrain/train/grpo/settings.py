@@ -350,6 +350,9 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     if settings.cold_start_shape not in COLD_START_SHAPES:
         raise PosttrainError(f"--cold-start-shape {settings.cold_start_shape!r}: expected one "
                              f"of {', '.join(COLD_START_SHAPES)}")
+    if settings.cold_start_shape == "light" and settings.cold_start == "none":
+        raise PosttrainError("--cold-start-shape light shapes a cold start and --cold-start "
+                             "none runs none: drop one of them")
     if settings.cold_start_steps < 1:
         raise PosttrainError(
             f"--cold-start-steps must be at least 1, got {settings.cold_start_steps}")

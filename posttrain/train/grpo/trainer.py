@@ -266,6 +266,7 @@ def shape_run(context: RecipeContext[GRPOSettings], settings: GRPOSettings,
     runs the same again."""
     settings, shape = shape_settings(settings.cold_start_shape, choice, settings)
     context.say(shape.words())
+    context.run.note(shape.words())  # the store's record keeps the settings it opened with
     if shape.applied:
         context.settings = settings
         train = shaped_train(context.data.train, shape)
