@@ -79,7 +79,8 @@ class GRPOSettings(RecipeSettings):
     )
     beta: float = field(
         default=0.04,
-        metadata={"help": "KL penalty to the reference (adapter off); 0 turns it off"},
+        metadata={"help": "KL penalty to the reference (adapter off); 0 turns it off (a light "
+                          "--cold-start-shape sets 0.2 unless given)"},
     )
     loss_type: str = field(
         default="bnpo",
@@ -99,7 +100,8 @@ class GRPOSettings(RecipeSettings):
     )
     temperature: float = field(
         default=0.8,
-        metadata={"help": "sampling temperature of the training rollouts"},
+        metadata={"help": "sampling temperature of the training rollouts (a light "
+                          "--cold-start-shape sets 1.2 unless given)"},
     )
     top_p: float = field(default=0.95, metadata={"help": "top-p of the training rollouts"})
     max_completion_length: int | None = field(
@@ -229,7 +231,8 @@ class GRPOSettings(RecipeSettings):
     )
     cold_start_steps: int = field(
         default=40,
-        metadata={"help": "SFT steps of the cold start (8 demonstrations a step)",
+        metadata={"help": "SFT steps of the cold start (8 demonstrations a step; a light "
+                          "--cold-start-shape sets 30 unless given)",
                   "range": (None, 10_000_000)},
     )
     cold_start_until: float = field(
@@ -240,7 +243,8 @@ class GRPOSettings(RecipeSettings):
                           "half its replies); checked every --cold-start-check-every steps "
                           "from half the steps on. 0 (default): run every step (0.5 stopped "
                           "SmolLM2's refund cold start at step 20 on seed 1, before it knew "
-                          "when to call the tool; benchmarks/RESULTS.md, H)",
+                          "when to call the tool; benchmarks/RESULTS.md, H; a light "
+                          "--cold-start-shape sets 0.3 unless given)",
                   "range": (0.0, 1.0)},
     )
     cold_start_balance: float = field(
@@ -250,7 +254,8 @@ class GRPOSettings(RecipeSettings):
                           "so the cold start learns when *not* to call a tool as well as how "
                           "(0.33 took the library example's chitchat from 0.23 to 0.78 after "
                           "the cold start; benchmarks/RESULTS.md, LG). 0 (default): the train "
-                          "split as it is",
+                          "split as it is (a light --cold-start-shape sets 0.33 unless given, "
+                          "and --balance 0.33 for RL's prompts)",
                   "range": (0.0, 1.0)},
     )
     cold_start_check_every: int = field(
