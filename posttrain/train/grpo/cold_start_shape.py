@@ -96,7 +96,7 @@ def choose_cold_start_shape(asked: str, choice: ColdStartChoice) -> tuple[str, s
 def given_settings(settings: Any) -> set[str]:
     """Settings the user chose: named on the command line or in ``--config``
     (``settings.explicit``), or holding a value other than the field's default."""
-    given = set(getattr(settings, "explicit", ()) or ())
+    given = set(settings.explicit)
     for item in fields(settings):
         if item.name in LIGHT_SHAPE and getattr(settings, item.name) != item.default:
             given.add(item.name)
