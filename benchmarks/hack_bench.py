@@ -85,8 +85,8 @@ def run_one(rule: str, kind: str | None, seed: int, runs_dir: str, steps: int,
             ) -> dict[str, Any]:
     """One short GRPO run on ``rule`` with ``kind`` planted (None: clean); the base
     policy's rows it audited are kept in ``before_dir`` (one file per rule)."""
+    from posttrain.train.grpo.run import run_grpo
     from posttrain.train.grpo.settings import GRPOSettings
-    from posttrain.train.grpo.trainer import run_grpo
 
     settings = GRPOSettings(
         run_name=f"bench-{kind or 'clean'}-{seed}", runs_dir=runs_dir, seed=seed, env=rule,

@@ -39,8 +39,8 @@ def width(interval: list[float] | None) -> float | None:
 
 
 def run_one(holdout: str, seed: int, runs_dir: str) -> dict[str, Any]:
+    from posttrain.train.grpo.run import run_grpo
     from posttrain.train.grpo.settings import GRPOSettings
-    from posttrain.train.grpo.trainer import run_grpo
 
     settings = GRPOSettings(run_name=f"{holdout}-s{seed}", runs_dir=runs_dir, seed=seed,
                             holdout_set=HOLDOUTS[holdout])

@@ -48,8 +48,8 @@ from results_md import write_section  # benchmarks/ is the script's folder
 from transformers import TrainerCallback as HFTrainerCallback
 
 from posttrain.runs.store import NullRun
+from posttrain.train.grpo.run import run_grpo
 from posttrain.train.grpo.settings import GRPOSettings
-from posttrain.train.grpo.trainer import run_grpo
 
 SECTION = "Logging overhead"
 SIDES = ("bare", "store", "store + monitor")

@@ -50,14 +50,14 @@ def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refun
     build_record = json.loads((folder / "build.json").read_text())
     starter = build_record.get("name", starter)
     if recipe == "grpo":
+        from posttrain.train.grpo.run import run_grpo as run
         from posttrain.train.grpo.settings import GRPOSettings as Settings
-        from posttrain.train.grpo.trainer import run_grpo as run
     elif recipe == "sft":
+        from posttrain.train.sft.run import run_sft as run
         from posttrain.train.sft.settings import SFTSettings as Settings
-        from posttrain.train.sft.trainer import run_sft as run
     else:
+        from posttrain.train.dpo.run import run_dpo as run
         from posttrain.train.dpo.settings import DPOSettings as Settings
-        from posttrain.train.dpo.trainer import run_dpo as run
     settings = Settings(run_name=f"{recipe}-b{build}-s{seed}", runs_dir=runs_dir,
                         base_model=name, seed=seed, env=env)
     quiet = io.StringIO()

@@ -33,8 +33,8 @@ from results_md import write_section  # benchmarks/ is the script's folder
 
 from posttrain.data.prepare import prepare_data
 from posttrain.envs import get_env
+from posttrain.train.grpo.run import run_grpo
 from posttrain.train.grpo.settings import GRPOSettings, grpo_config_kwargs
-from posttrain.train.grpo.trainer import run_grpo
 
 SECTION = "Overhead over plain TRL"
 TARGET = 1.10

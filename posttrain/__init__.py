@@ -55,9 +55,9 @@ _EXPORTS = {
     "GRPOSettings": "posttrain.train.grpo.settings",
     "DPOSettings": "posttrain.train.dpo.settings",
     "SFTSettings": "posttrain.train.sft.settings",
-    "run_grpo": "posttrain.train.grpo.trainer",
-    "run_dpo": "posttrain.train.dpo.trainer",
-    "run_sft": "posttrain.train.sft.trainer",
+    "run_grpo": "posttrain.train.grpo.run",
+    "run_dpo": "posttrain.train.dpo.run",
+    "run_sft": "posttrain.train.sft.run",
     "TrainerCallback": "posttrain.train.callbacks",
     "HackMonitor": "posttrain.train.grpo.monitor",
 }

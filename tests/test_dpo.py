@@ -17,8 +17,8 @@ from posttrain.data.prepare import DataConfig, prepare_data
 from posttrain.envs.refund import REFUND_ENV
 from posttrain.envs.refund.agent import Behaviour, seeded_agent
 from posttrain.errors import InputFileError, PosttrainError
+from posttrain.train.dpo.run import run_dpo
 from posttrain.train.dpo.settings import DPOSettings, check_dpo_settings, dpo_config_kwargs
-from posttrain.train.dpo.trainer import run_dpo
 from posttrain.train.training_data.pairs import build_preference_pairs, export_preference
 
 WITH_ID = "Please refund order ORD-4017, it arrived broken."

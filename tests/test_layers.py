@@ -3,8 +3,9 @@
 The contracts run on the real tree, and on a copy with a planted upward import and a
 planted cycle, to show that a break fails the test command rather than passing unseen;
 likewise the service's wings (engine, protocols, client) with a planted import from the
-client into the engine and one between two protocol wings, and the recipes' rooms with a
-planted import of GRPO's room into the shared phases. Two things import-linter does not
+client into the engine and one between two protocol wings, the recipes' rooms with a
+planted import of GRPO's room into the shared phases, and a recipe's step with a planted
+import of its route. Two things import-linter does not
 see are checked here: a package's ``__init__`` (its face) in an import loop, and the
 string registries (lazy exports, subcommands, built-in environments) naming what exists.
 Function-local imports of posttrain modules are allowed only where the imported module
@@ -58,7 +59,7 @@ def _plant(module: Path, line: str) -> None:
 def test_the_contracts_hold_on_the_tree():
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 7 kept, 0 broken." in result.stdout
+    assert "Contracts: 8 kept, 0 broken." in result.stdout
 
 
 @pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
@@ -123,6 +124,19 @@ def test_a_planted_import_of_a_recipe_into_the_shared_phases_is_caught(tmp_path)
     report = " ".join(result.stdout.split())  # import-linter wraps its lines at 80 columns
     assert "posttrain.train.recipe is not allowed to import posttrain.train.grpo" in report
     assert "nothing shared imports a recipe" in report
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the dev extra")
+def test_a_planted_import_of_a_recipes_route_into_its_step_is_caught(tmp_path):
+    tree = _copy_of_package(tmp_path)
+    # the step (trainer.py) is what the route (run.py) calls; never the other way round
+    _plant(tree / "posttrain/train/sft/trainer.py", "from posttrain.train.sft import run  # noqa")
+    result = _lint_imports(tree)
+    assert result.returncode != 0
+    report = " ".join(result.stdout.split())
+    assert "posttrain.train.sft.trainer is not allowed to import posttrain.train.sft.run" \
+        in report
+    assert "the step never imports its route" in report
 
 
 def _module_names(root: Path) -> dict[str, Path]:

@@ -26,7 +26,7 @@ def run_dpo(settings: DPOSettings) -> dict[str, Any]:
     """Run the recipe; returns its summary."""
     # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
     # so `posttrain --help` and the other commands work without it
-    from posttrain.train.dpo.trainer import run_dpo as run_recipe
+    from posttrain.train.dpo.run import run_dpo as run_recipe
 
     return run_recipe(settings)
 

@@ -25,7 +25,7 @@ def run_grpo(settings: GRPOSettings) -> dict[str, Any]:
     """Run the recipe; returns its summary."""
     # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
     # so `posttrain --help` and the other commands work without it
-    from posttrain.train.grpo.trainer import run_grpo as run_recipe
+    from posttrain.train.grpo.run import run_grpo as run_recipe
 
     return run_recipe(settings)
 

@@ -30,7 +30,7 @@ def run_sft(settings: SFTSettings) -> dict[str, Any]:
     """Run the recipe; returns its summary."""
     # the trainer needs the train extra (torch, transformers, trl): loaded when a run starts,
     # so `posttrain --help` and the other commands work without it
-    from posttrain.train.sft.trainer import run_sft as run_recipe
+    from posttrain.train.sft.run import run_sft as run_recipe
 
     return run_recipe(settings)
 

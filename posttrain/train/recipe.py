@@ -1,6 +1,6 @@
 """A training recipe as five named phases, each one call a recipe makes in order.
 
-Every recipe's ``run_<name>`` reads the same way (``run_grpo`` in ``train/grpo/trainer.py``)::
+Every recipe's ``run_<name>`` reads the same way (``run_grpo`` in ``train/grpo/run.py``)::
 
     prepared = prepare("grpo", settings, say=say)        # 1. prepare
     context = load(prepared)                             # 2. load
@@ -123,7 +123,7 @@ def prepare(recipe: str, settings: SettingsT, *,
     failure: BaseException | None = None
     try:
         settings.check()
-        check_world(settings, ranks)
+        settings.check_world(ranks.world)
         check_store_server()
         # the environment, then what it decides: the run's default name and base model
         env = get_env(settings.env)
@@ -161,25 +161,6 @@ def prepare(recipe: str, settings: SettingsT, *,
     distributed.agree(ranks, failure)
     return PreparedRun(recipe, settings, env, data, reward, root, folder, new_run, ranks,
                        say, started, timings={"data_s": time.monotonic() - started})
-
-
-def check_world(settings: RecipeSettings, ranks: Ranks) -> None:
-    """Refuse what a launch of several processes cannot do (before anything loads): a
-    step's batch must split evenly across them, and a stop on an alarm, decided on the
-    main process, would leave the others waiting."""
-    if not ranks.distributed:
-        return
-    batch = settings.per_step_batch()
-    if batch % ranks.world:
-        raise PosttrainError(
-            f"--batch-size {batch} does not split across {ranks.world} processes: give a "
-            f"multiple of {ranks.world} (each process takes an equal share of every step)")
-    if settings.stops_on_alarms():
-        raise PosttrainError("--stop-on is not available with several processes yet: the "
-                             "alarm is raised on the main process only; leave it out")
-    reason = settings.one_process_only()
-    if reason:
-        raise PosttrainError(reason)
 
 
 # -- 2. load -----------------------------------------------------------------------------

@@ -236,6 +236,24 @@ class RecipeSettings(DataFlags):
         its own."""
         check_recipe_settings(self)
 
+    def check_world(self, world: int) -> None:
+        """Refuse what a launch of ``world`` processes cannot do (before anything loads): a
+        step's batch must split evenly across them, and a stop on an alarm, decided on the
+        main process, would leave the others waiting."""
+        if world <= 1:
+            return
+        batch = self.per_step_batch()
+        if batch % world:
+            raise PosttrainError(
+                f"--batch-size {batch} does not split across {world} processes: give a "
+                f"multiple of {world} (each process takes an equal share of every step)")
+        if self.stops_on_alarms():
+            raise PosttrainError("--stop-on is not available with several processes yet: the "
+                                 "alarm is raised on the main process only; leave it out")
+        reason = self.one_process_only()
+        if reason:
+            raise PosttrainError(reason)
+
     def check_data(self, data: PreparedData) -> None:
         """Refuse settings that do not fit the prepared prompts (before the model loads);
         a recipe whose settings depend on the data adds its check."""

@@ -214,17 +214,3 @@ def train_dpo(context: RecipeContext[DPOSettings], settings: DPOSettings) -> Tra
     return trainer_outcome(trainer, trained,
                            {"pair_report": report.to_dict(), "pairs": report.pairs,
                             "precision": precision.to_dict()})
-
-
-def run_dpo(settings: DPOSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the DPO recipe end to end; returns the summary (also in summary.json).
-
-    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle."""
-    prepared = recipe.prepare("dpo", settings, say=say)
-    context = recipe.load(prepared)
-    with recipe.finishing(context) as measured:
-        measured.before = recipe.baseline(context)
-        with recipe.timed(context, "train_s"):
-            measured.outcome = train_dpo(context, settings)
-        measured.after = recipe.evaluate_trained(context, measured.outcome)
-    return measured.summary

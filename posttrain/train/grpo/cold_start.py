@@ -93,16 +93,18 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     """SFT on the reference agent's replies to the train prompts, merged into
     ``context.policy`` (saved as ``merged/``), then evaluated on the holdout
     ``eval_repeats`` times; ``context.before_rows`` becomes those rows, RL's baseline."""
+    # what the GRPO settings make of it: SFT's settings, a rate and the early stop
     sft = cold_start_settings(settings)
+    learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
+    check = until_check(context, settings)
     train = context.data.train
     if settings.cold_start_balance > 0:  # the demonstrations only: RL's mix is --balance's
         train = balance(train, settings.cold_start_balance)
+    # then SFT's own parts: the demonstrations, the trainer's arithmetic, the trainer
     demos, report = gather_demos(context, sft, train)
     write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
     context.say(f"cold start: {report.describe()}")
-    learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
     precision = precision_for(sft.precision, context.policy, say=context.say)
-    check = until_check(context, settings)
     until = (f"; stops once a train sample passes at {check.until:g} in every category "
              f"(checked every {check.every} steps from step "
              f"{first_check_step(check.steps, check.every)})" if check.active else "")

@@ -28,10 +28,13 @@ replaced; the run says which it kept.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from posttrain.data.prompts import balance
+from posttrain.train import recipe
+from posttrain.train.context import RecipeContext
 from posttrain.train.grpo.cold_start_choice import ColdStartChoice
 
 COLD_START_SHAPES = ("auto", "full", "light")
@@ -123,3 +126,27 @@ def shaped_train(train: list[dict[str, Any]], shape: ColdStartShape) -> list[dic
     (the data phase balanced them already when the user did)."""
     share = shape.applied.get("balance", 0)
     return balance(train, share) if share else train
+
+
+def shape_run(context: RecipeContext[Any], settings: Any,
+              choice: ColdStartChoice) -> tuple[Any, ColdStartShape]:
+    """The run's settings and train prompts under its cold start shape
+    (``cold_start_shape``): said, and written to ``config.json`` so that ``--config`` on it
+    runs the same again."""
+    settings, shape = shape_settings(settings.cold_start_shape, choice, settings)
+    context.say(shape.words())
+    context.run.note(shape.words())  # the store's record keeps the settings it opened with
+    if shape.applied:
+        context.settings = settings
+        train = shaped_train(context.data.train, shape)
+        if train is not context.data.train:
+            counts = Counter(str(record["category"]) for record in train)
+            context.say(f"RL's train prompts balanced to {shape.applied['balance']:g} a "
+                        f"category: {len(context.data.train)} -> {len(train)} ("
+                        + ", ".join(f"{name} {counts[name]}" for name in sorted(counts)) + ")")
+            context.data = replace(context.data, train=train)
+        recipe.record_in_config(context, "settings", settings.to_config())
+        recipe.record_in_config(context, "data", {"source": context.data.source,
+                                                  "split": context.data.split,
+                                                  **context.data.counts()})
+    return settings, shape

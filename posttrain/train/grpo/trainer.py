@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections import Counter
-from dataclasses import replace
 from typing import Any
 
 from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
@@ -21,9 +19,6 @@ from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
-from posttrain.train.grpo.cold_start import run_cold_start
-from posttrain.train.grpo.cold_start_choice import ColdStartChoice, choose_cold_start
-from posttrain.train.grpo.cold_start_shape import ColdStartShape, shape_settings, shaped_train
 from posttrain.train.grpo.monitor import HackMonitor, MonitorSettings
 from posttrain.train.grpo.rollout import (
     DeadGroupRedraw,
@@ -257,65 +252,3 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],
     )
-
-
-def shape_run(context: RecipeContext[GRPOSettings], settings: GRPOSettings,
-              choice: ColdStartChoice) -> tuple[GRPOSettings, ColdStartShape]:
-    """The run's settings and train prompts under its cold start shape
-    (``cold_start_shape``): said, and written to ``config.json`` so that ``--config`` on it
-    runs the same again."""
-    settings, shape = shape_settings(settings.cold_start_shape, choice, settings)
-    context.say(shape.words())
-    context.run.note(shape.words())  # the store's record keeps the settings it opened with
-    if shape.applied:
-        context.settings = settings
-        train = shaped_train(context.data.train, shape)
-        if train is not context.data.train:
-            counts = Counter(str(record["category"]) for record in train)
-            context.say(f"RL's train prompts balanced to {shape.applied['balance']:g} a "
-                        f"category: {len(context.data.train)} -> {len(train)} ("
-                        + ", ".join(f"{name} {counts[name]}" for name in sorted(counts)) + ")")
-            context.data = replace(context.data, train=train)
-        recipe.record_in_config(context, "settings", settings.to_config())
-        recipe.record_in_config(context, "data", {"source": context.data.source,
-                                                  "split": context.data.split,
-                                                  **context.data.counts()})
-    return settings, shape
-
-
-def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the GRPO recipe end to end; returns the summary (also in summary.json).
-
-    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle,
-    after a supervised cold start when ``--cold-start`` asks for one
-    (``posttrain.train.grpo.cold_start``)."""
-    prepared = recipe.prepare("grpo", settings, say=say)
-    context = recipe.load(prepared)
-    with recipe.finishing(context) as measured:
-        # the base's first evaluation decides the cold start; its other repeats (the noise
-        # band of RL's baseline) only matter when the base stays RL's baseline
-        before = recipe.evaluate_base(context, 1)
-        choice = choose_cold_start(settings.cold_start, context.env, before.rows,
-                                   from_run=settings.from_run)
-        if not choice.run and settings.eval_repeats > 1:
-            before = before.joined(recipe.evaluate_base(context, settings.eval_repeats - 1,
-                                                        first_repeat=1))
-            choice = choose_cold_start(settings.cold_start, context.env, before.rows,
-                                       from_run=settings.from_run)
-        measured.before = recipe.settle_baseline(context, before)
-        # GRPO's own first phase when the base gives RL nothing to learn from
-        context.say(f"cold start: {choice.reason}")
-        measured.notes["cold_start"] = choice.to_dict()
-        if choice.run:
-            settings, shape = shape_run(context, settings, choice)
-            measured.notes["cold_start"]["shape"] = shape.to_dict()
-        recipe.record_in_config(context, "cold_start", measured.notes["cold_start"])
-        if choice.run:
-            with recipe.timed(context, "cold_start_s"):
-                cold = run_cold_start(context, settings)
-            measured.cold_start = cold.evaluation
-            measured.notes["cold_start"].update(cold.to_dict())
-        with recipe.timed(context, "train_s"):
-            measured.outcome = train_grpo(context, settings, cold_started=choice.run)
-        measured.after = recipe.evaluate_trained(context, measured.outcome)
-    return measured.summary

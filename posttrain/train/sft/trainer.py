@@ -139,17 +139,3 @@ def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> Tra
     return trainer_outcome(trainer, trained,
                            {"demo_report": report.to_dict(), "demos": report.kept,
                             "precision": precision.to_dict()})
-
-
-def run_sft(settings: SFTSettings, *, say: Any = print) -> dict[str, Any]:
-    """Run the SFT recipe end to end; returns the summary (also in summary.json).
-
-    The recipe's phases in order (``posttrain.train.recipe``), its own step in the middle."""
-    prepared = recipe.prepare("sft", settings, say=say)
-    context = recipe.load(prepared)
-    with recipe.finishing(context) as measured:
-        measured.before = recipe.baseline(context)
-        with recipe.timed(context, "train_s"):
-            measured.outcome = train_sft(context, settings)
-        measured.after = recipe.evaluate_trained(context, measured.outcome)
-    return measured.summary
