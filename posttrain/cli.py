@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import signal
 import sys
+from typing import NoReturn
 
 from posttrain.commands.env_flag import fold_env_args
 from posttrain.errors import PosttrainError
@@ -66,6 +68,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"posttrain {args.command}: error: {full}", file=sys.stderr)
         return 2
+
+
+def run() -> NoReturn:
+    """The ``posttrain`` command and ``python -m posttrain``: the process exits with the
+    status ``main`` chose (130 after Ctrl-C, 143 after SIGTERM), never by the signal.
+
+    Once ``main`` has said the command was interrupted, the interrupt is over. One that
+    arrives after it (a second Ctrl-C, or a signal Python had not yet delivered when main
+    returned) would otherwise raise in the exit's cleanup (an OpenEnv app's server
+    stopping, threads joined) and end the process by SIGINT instead (seen once in CI: the
+    OpenEnv Ctrl-C test read -2 after "interrupted" was printed)."""
+    try:
+        code = main()
+    except KeyboardInterrupt as interrupt:  # landed while main was saying it stopped
+        code = SIGTERM_EXIT_CODE if isinstance(interrupt, Terminated) else 130
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is over: only cleanup is left
+    sys.exit(code)
 
 
 #: what a full disk or an exhausted quota says, as an errno or in a library's message

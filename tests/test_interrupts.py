@@ -93,3 +93,46 @@ def test_an_interrupt_the_code_handled_itself_is_not_raised_again():
             assert handled(interrupt) == "Ctrl-C"  # what a recipe does: stop, keep, go on
         with progress_bar("finish", 3, enabled=False) as update:
             update(3)
+
+
+def _run_the_command_with(main_source):
+    """``posttrain.cli.run`` in a process of its own, with ``main`` replaced by the function
+    ``main_source`` defines: the process's exit status and standard error."""
+    import subprocess
+    import textwrap
+
+    script = (textwrap.dedent(main_source)
+              + "\nimport posttrain.cli as cli\ncli.main = main\ncli.run()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode, done.stderr
+
+
+def test_an_interrupt_while_the_command_says_it_stopped_still_exits_130():
+    # a second Ctrl-C that lands after main caught the first (here: raised out of main);
+    # without the entry point's catch Python ends the process by SIGINT (status -2)
+    code, err = _run_the_command_with("""
+        import os, signal, time
+        def main():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the default handler raises here
+            return 0
+    """)
+    assert code == 130, err
+
+
+def test_a_ctrl_c_once_the_command_has_finished_leaves_its_status_alone():
+    # main returned 3; a Ctrl-C in the exit's cleanup (a thread still being joined, as an
+    # OpenEnv app's server is) is ignored: no traceback, the status main chose
+    code, err = _run_the_command_with("""
+        import os, signal, threading, time
+        def main():
+            def late():
+                time.sleep(0.5)  # main has returned by now
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)  # the interpreter waits for this thread meanwhile
+            threading.Thread(target=late).start()
+            return 3
+    """)
+    assert code == 3, err
+    assert "KeyboardInterrupt" not in err, err

@@ -1,8 +1,8 @@
-"""Building and running TRL's GRPOTrainer for a posttrain run.
+"""The GRPO step: TRL's GRPOTrainer built and run for a posttrain run (``train_grpo``).
 
-Kept apart from the recipe flow (``posttrain.train.recipe``) so the flow stays
-readable and the TRL-specific parts (dataset columns, config, callbacks) sit in
-one place.
+The route that calls it is ``run.py`` (the recipe's phases, ``posttrain.train.recipe``);
+kept apart so the route stays readable and the TRL-specific parts (dataset columns,
+config, callbacks, rollouts, the hack monitor) sit in one place.
 """
 
 from __future__ import annotations
