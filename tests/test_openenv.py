@@ -339,9 +339,13 @@ def test_the_other_commands_take_an_openenv_environment(tmp_path, capsys):
         capsys.readouterr()
         assert main([*command, "--env", spec]) == 2, command
         said = capsys.readouterr().err.splitlines()
-        refusal = [line for line in said if not line.startswith("openenv: serving")]
+        # beside the refusal: the app's start, and (on a busy machine, when the previous
+        # command's sessions were still closing on the shared app) the capacity it found
+        serving = [line for line in said if line.startswith("openenv: serving")]
+        refusal = [line for line in said
+                   if line not in serving and "session(s) at once" not in line]
         assert len(refusal) == 1 and "reference_agent hook" in refusal[0], refusal
-        assert len(said) - len(refusal) == 1, said  # the app started once, not per check
+        assert len(serving) == 1, said  # the app started once, not per check
     assert not (tmp_path / "runs").exists()
 
 
