@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 import posttrain
+from posttrain.cli import main as posttrain_main
 from posttrain.train.settings import RecipeSettings
 
 PACKAGE = str(Path(posttrain.__file__).parent) + os.sep
@@ -96,8 +97,6 @@ def trace_settings_route(argv: list[str], *, start: str, step: str,
     """Run ``posttrain ARGV`` in this process; return its exit code and the route its
     settings took from ``start`` to ``step`` (each ``MODULE:FUNCTION``, the module's path
     under ``posttrain/``, as ``train/grpo/run.py:run_grpo``)."""
-    from posttrain.cli import main
-
     route = SettingsRoute(start, step)
     state = {"started": False}
 
@@ -119,7 +118,7 @@ def trace_settings_route(argv: list[str], *, start: str, step: str,
 
     sys.setprofile(watch)
     try:
-        code = main(argv)
+        code = posttrain_main(argv)
     finally:
         sys.setprofile(None)
     return code, route
