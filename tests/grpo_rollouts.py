@@ -5,6 +5,7 @@ first layers for the parity checks."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 from posttrain.envs import get_env
@@ -12,34 +13,52 @@ from posttrain.envs import get_env
 ENV = get_env("refund")
 
 
-def rollout_batch(policy: Any, completion_length: int, generations: int,
-                  precision: Any = None) -> tuple[Any, dict, dict]:
-    """(trainer, TRL's scored batch, what the rollout function handed TRL) for 4 refund
-    prompts x ``generations``; ``precision`` a ``PrecisionChoice`` (default the runtime's)."""
+def grpo_trainer(policy: Any, completion_length: int, generations: int, output_dir: str,
+                 precision: Any = None) -> Any:
+    """A real TRL GRPOTrainer with posttrain's rollouts over 4 refund prompts x
+    ``generations`` (``grpo_batch_rows``); ``precision`` a ``PrecisionChoice`` (default the
+    runtime's)."""
     from posttrain.train.grpo.rollout import RolloutChoice
     from posttrain.train.grpo.settings import GRPOSettings
-    from posttrain.train.grpo.trainer import build_grpo_trainer, grpo_dataset
+    from posttrain.train.grpo.trainer import build_grpo_trainer
     from posttrain.train.rewards import RuleReward
 
-    records = ENV.write_prompts(40, seed=3)[:4]
+    records = grpo_records()
     # temperature 1: TRL's trainer scores tokens at the sampling temperature, the sampler's
     # logprobs are the raw ones (posttrain.policy.sampler); at 1 the two are the same thing
     settings = GRPOSettings(steps=1, num_generations=generations,
                             batch_size=generations * len(records), monitor_every=0,
                             max_completion_length=completion_length, temperature=1.0)
-    trainer = build_grpo_trainer(policy, ENV, records, settings, 3e-4, [], RuleReward(ENV),
-                                 rollout=RolloutChoice("posttrain", "test"),
-                                 precision=precision)
-    handed: dict = {}
-    sample = trainer.rollout_func
+    return build_grpo_trainer(policy, ENV, records, settings, 3e-4, [], RuleReward(ENV),
+                              output_dir=output_dir,
+                              rollout=RolloutChoice("posttrain", "test"), precision=precision)
 
-    def kept(prompts: list, the_trainer: Any) -> dict:
-        handed.update(sample(prompts, the_trainer))
-        return handed
 
-    trainer.rollout_func = kept
-    batch = [row for row in grpo_dataset(ENV, records) for _ in range(generations)]
-    return trainer, trainer._generate_and_score_completions(batch), handed
+def grpo_records() -> list[dict]:
+    """The 4 refund prompts the rollout tests train on."""
+    return ENV.write_prompts(40, seed=3)[:4]
+
+
+def rollout_batch(policy: Any, completion_length: int, generations: int,
+                  precision: Any = None) -> tuple[Any, dict, dict]:
+    """(trainer, TRL's scored batch, what the rollout function handed TRL) for 4 refund
+    prompts x ``generations`` (``grpo_trainer``)."""
+    from posttrain.train.grpo.trainer import grpo_dataset
+
+    # the trainer writes nothing while it scores one batch: its folder goes with the call
+    with tempfile.TemporaryDirectory(prefix="posttrain-test-grpo-") as scratch:
+        trainer = grpo_trainer(policy, completion_length, generations, scratch,
+                               precision=precision)
+        handed: dict = {}
+        sample = trainer.rollout_func
+
+        def kept(prompts: list, the_trainer: Any) -> dict:
+            handed.update(sample(prompts, the_trainer))
+            return handed
+
+        trainer.rollout_func = kept
+        batch = [row for row in grpo_dataset(ENV, grpo_records()) for _ in range(generations)]
+        return trainer, trainer._generate_and_score_completions(batch), handed
 
 
 def trainer_logprobs(trainer: Any, output: dict) -> Any:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,14 +18,18 @@ COMMON = ["--base-model", "starter-2m", "--prompts", "60", "--eval-samples", "2"
           "--eval-repeats", "1"]
 
 
-def launch_environment() -> dict[str, str]:
-    """This process's environment without what would send the run elsewhere or fake a rank."""
-    return {key: value for key, value in os.environ.items()
-            if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+def launch_environment(scratch: Path) -> dict[str, str]:
+    """This process's environment without what would send the run elsewhere or fake a rank;
+    the launchers' temporary files (torchrun's log folders, which it leaves behind) go
+    under ``scratch``, the test's own folder, not the machine's /tmp."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("POSTTRAIN_SERVER", "POSTTRAIN_TOKEN", "WORLD_SIZE", "RANK")}
+    return {**environment, "TMPDIR": str(scratch)}
 
 
 def torchrun(args: list[str], runs, timeout: int = 900) -> subprocess.CompletedProcess:
-    environment = launch_environment()
+    environment = launch_environment(runs.parent / "tmp")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", "2", "-m", "posttrain", *args, "--runs-dir", str(runs)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -109,7 +114,7 @@ def test_two_processes_write_one_run_into_the_store_the_url_names(starter_2m_fol
     # every process reads POSTTRAIN_STORE; only the main one writes the run, into the
     # database, and no SQLite file appears in the runs folder
     runs = tmp_path / "runs"
-    environment = {**launch_environment(), "POSTTRAIN_STORE": postgres_url}
+    environment = {**launch_environment(tmp_path / "tmp"), "POSTTRAIN_STORE": postgres_url}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", "2", "-m", "posttrain", "dpo", *COMMON, "--steps", "1",
                "--batch-size", "4", "--pair-samples", "4", "--run-name", "ddp-pg",
@@ -132,7 +137,7 @@ def test_accelerate_launch_runs_sft_on_two_processes(starter_2m_folder, tmp_path
     """`accelerate launch --multi_gpu` is the accelerate form that starts 2 processes on a
     CPU (with `--cpu` it starts one); the world size is checked, not assumed."""
     runs = tmp_path / "runs"
-    environment = launch_environment()
+    environment = launch_environment(tmp_path / "tmp")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                "--dynamo_backend", "no", "--main_process_port", "0",
@@ -164,11 +169,9 @@ def test_a_batch_that_does_not_split_across_the_processes_is_refused(starter_2m_
 def test_an_fsdp_config_on_a_cpu_trains_data_parallel_and_says_so(starter_2m_folder, tmp_path):
     """The shipped FSDP example launches here, but accelerate trains plain data parallel on
     CPUs; the run must say that rather than let a reader believe the model was sharded."""
-    from pathlib import Path
-
     runs = tmp_path / "runs"
     config = Path(__file__).parents[1] / "examples" / "accelerate" / "fsdp.yaml"
-    environment = launch_environment()
+    environment = launch_environment(tmp_path / "tmp")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--mixed_precision", "no", "--main_process_port", "0",
                "-m", "posttrain", "sft", *COMMON, "--steps", "1", "--batch-size", "4",

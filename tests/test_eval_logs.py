@@ -14,6 +14,7 @@ import json
 import re
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,13 +185,21 @@ def lm_eval_task(folder: Path, name: str, docs: int) -> Path:
     return folder
 
 
-def lm_eval_run(tasks_folder: Path, task: str, out: Path, wrong_docs: set[int]) -> Path:
-    """lm-eval's own run and writer: a scripted LM that prefers the right choice except on
-    ``wrong_docs``; returns the samples file."""
+def lm_eval_tasks(folder: Path) -> Any:
+    """lm-eval's task index over its own tasks and those in ``folder`` (about 7 s to build:
+    it reads every task lm-eval ships, so the runs of a test share one)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(folder))
+
+
+def lm_eval_run(tasks: Any, task: str, out: Path, wrong_docs: set[int]) -> Path:
+    """lm-eval's own run and writer over the task index ``tasks`` (``lm_eval_tasks``): a
+    scripted LM that prefers the right choice except on ``wrong_docs``; returns the samples
+    file."""
     import lm_eval
     from lm_eval.api.model import LM
     from lm_eval.loggers import EvaluationTracker
-    from lm_eval.tasks import TaskManager
 
     class Scripted(LM):
         def loglikelihood(self, requests):
@@ -210,7 +219,7 @@ def lm_eval_run(tasks_folder: Path, task: str, out: Path, wrong_docs: set[int]) 
             raise NotImplementedError("not used by a multiple-choice task")
 
     results = lm_eval.simple_evaluate(model=Scripted(), tasks=[task], log_samples=True,
-                                      task_manager=TaskManager(include_path=str(tasks_folder)))
+                                      task_manager=tasks)
     tracker = EvaluationTracker(output_path=str(out))
     tracker.save_results_aggregated(results=results, samples=results["samples"])
     for name, samples in results["samples"].items():
@@ -220,7 +229,9 @@ def lm_eval_run(tasks_folder: Path, task: str, out: Path, wrong_docs: set[int]) 
 
 def test_two_lm_eval_sample_files_give_posttrains_paired_verdict(tmp_path, capsys):
     pytest.importorskip("lm_eval")
-    tasks = lm_eval_task(tmp_path / "tasks", "sums", docs=40)
+    folder = lm_eval_task(tmp_path / "tasks", "sums", docs=40)
+    lm_eval_task(folder, "products", docs=40)
+    tasks = lm_eval_tasks(folder)
     before = lm_eval_run(tasks, "sums", tmp_path / "before", wrong_docs=set(range(0, 40, 2)))
     after = lm_eval_run(tasks, "sums", tmp_path / "after", wrong_docs={0, 4})
     acc = {}
@@ -239,7 +250,6 @@ def test_two_lm_eval_sample_files_give_posttrains_paired_verdict(tmp_path, capsy
     # an unknown metric, another task, and a folder of two runs of one task are refused
     assert main(["eval", "--compare", str(before), str(after), "--score", "f1"]) == 2
     assert "has no metric 'f1'; it has acc" in capsys.readouterr().err
-    lm_eval_task(tasks, "products", docs=40)
     other = lm_eval_run(tasks, "products", tmp_path / "other", wrong_docs=set())
     assert main(["eval", "--compare", str(before), str(other)]) == 2
     assert "they ran different tasks (sums against products)" in capsys.readouterr().err

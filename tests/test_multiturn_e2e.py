@@ -46,7 +46,7 @@ def test_grpo_trains_episodes_and_reports_them(starter_2m_folder, tmp_path):
 
 
 @pytest.mark.slow
-def test_tool_results_are_masked_out_of_the_loss(starter_2m):
+def test_tool_results_are_masked_out_of_the_loss(starter_2m, tmp_path):
     """One TRL rollout batch through posttrain's trainer: tool-result tokens get
     tool_mask 0 (no loss), the policy's own tokens 1."""
     from copy import deepcopy
@@ -61,7 +61,8 @@ def test_tool_results_are_masked_out_of_the_loss(starter_2m):
     records = [r for r in ENV.write_prompts(60, seed=5) if r["category"] == "eligible"][:4]
     settings = GRPOSettings(steps=1, num_generations=4, batch_size=16, monitor_every=0,
                             env="refund-multiturn")
-    trainer = build_grpo_trainer(policy, ENV, records, settings, 3e-4, [], RuleReward(ENV))
+    trainer = build_grpo_trainer(policy, ENV, records, settings, 3e-4, [], RuleReward(ENV),
+                                 output_dir=str(tmp_path))
     batch = list(grpo_dataset(ENV, records))
     batch = [row for row in batch for _ in range(4)]  # 16 rollouts: some look an order up
     output = trainer._generate_and_score_completions(batch)

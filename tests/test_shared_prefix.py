@@ -6,7 +6,9 @@ forward, on the starter (float32) and on SmolLM2 (bf16 autocast, as the recipe r
 from __future__ import annotations
 
 import math
+import tempfile
 from copy import deepcopy
+from dataclasses import replace
 
 import pytest
 
@@ -19,7 +21,7 @@ from posttrain.train.grpo.shared_prefix import (
     share_prompt_prefix,
 )
 from tests.float_bounds import difference_bound
-from tests.grpo_rollouts import rollout_batch, short_smollm2
+from tests.grpo_rollouts import grpo_trainer, rollout_batch, short_smollm2
 
 # The two forwards multiply the same numbers in other groupings (the prefix as one row
 # instead of inside each row), so float32 sums differ in their last bits: measured here
@@ -94,16 +96,17 @@ def test_auto_is_on_for_real_models_and_off_for_the_starters():
 
 
 def logps_loss_and_grads(trainer, output):
-    """TRL's per-token logprobs and entropies of the batch (no gradient), then its GRPO loss
-    on the batch and the LoRA weights' gradient."""
+    """TRL's per-token logprobs and entropies of the batch (no gradient; in two passes, as a
+    batch larger than TRL's pass is scored), then its GRPO loss on the batch and the LoRA
+    weights' gradient."""
     import torch
 
     ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
     mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
     with torch.no_grad():
         logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, ids, mask, output["completion_ids"].size(1), batch_size=8,
-            compute_entropy=True)
+            trainer.model, ids, mask, output["completion_ids"].size(1),
+            batch_size=len(ids) // 2, compute_entropy=True)
     trainer.model.zero_grad()
     trainer.current_gradient_accumulation_steps = 1  # what Trainer sets before a step
     loss = trainer.compute_loss(trainer.model, output)
@@ -113,11 +116,12 @@ def logps_loss_and_grads(trainer, output):
     return logps, entropies, loss.detach(), grads
 
 
-def compare(policy) -> None:
-    """TRL's forward against the shared prefix's, both in float32, on one GRPO batch."""
+def compare(policy, generations: int = 4) -> None:
+    """TRL's forward against the shared prefix's, both in float32, on one GRPO batch of 4
+    prompts x ``generations``."""
     from posttrain.train.precision import PrecisionChoice
 
-    trainer, output, _ = rollout_batch(policy, completion_length=16, generations=4,
+    trainer, output, _ = rollout_batch(policy, completion_length=16, generations=generations,
                                        precision=PrecisionChoice(False, "float32 parity"))
     import torch
 
@@ -142,7 +146,7 @@ def compare(policy) -> None:
     trainer.model.forward = counting
     shared = logps_loss_and_grads(trainer, output)
     trainer.model.forward = model_forward
-    # fewer positions ran in the two passes (the scoring one in passes of 8, the loss one
+    # fewer positions ran in the two passes (the scoring one in two halves, the loss one
     # whole): the prompts' shared head once per pass, not once per row
     every = output["prompt_ids"].numel() + output["completion_ids"].numel()
     assert len(counted) == 6 and 0 < sum(counted) < 2 * every
@@ -166,9 +170,23 @@ def test_the_shared_prefix_gives_trls_logprobs_and_gradient_on_the_starter(start
     compare(policy)
 
 
+@pytest.fixture(scope="module")
+def smollm2_head():
+    """SmolLM2's first 8 layers (tests/grpo_rollouts.py), loaded once for this file's
+    tests; each trains a copy (``copied``)."""
+    return short_smollm2()
+
+
 @pytest.mark.slow
-def test_the_shared_prefix_gives_trls_logprobs_and_gradient_on_smollm2():
-    compare(short_smollm2())  # its first 8 layers (tests/grpo_rollouts.py)
+def test_the_shared_prefix_gives_trls_logprobs_and_gradient_on_smollm2(smollm2_head):
+    # 2 completions of each prompt: a row's logprobs and its share of the gradient do not
+    # depend on how many rows share the head
+    compare(copied(smollm2_head), generations=2)
+
+
+def copied(policy):
+    """A copy of ``policy`` a trainer may attach its LoRA adapter to."""
+    return replace(policy, model=deepcopy(policy.model))
 
 
 def completion_logps(trainer, output):
@@ -183,24 +201,25 @@ def completion_logps(trainer, output):
 
 
 @pytest.mark.slow
-def test_under_bf16_the_shared_prefix_stays_within_grpos_clip_range_as_trls_forward():
+def test_under_bf16_the_shared_prefix_stays_within_grpos_clip_range_as_trls_forward(
+        smollm2_head):
     """On SmolLM2 under bf16 autocast (the recipe's choice on a CPU with native bf16): the
     shared prefix's logprobs are on average no further from TRL's float32 ones than GRPO's
     clip range allows, as TRL's own bf16 forward's are, on the same batch."""
     from posttrain.train.precision import PrecisionChoice
 
-    # its first 8 layers (tests/grpo_rollouts.py), both trainers
     float32_trainer, output, _ = rollout_batch(
-        short_smollm2(), completion_length=16, generations=4,
+        copied(smollm2_head), completion_length=16, generations=4,
         precision=PrecisionChoice(False, "float32 reference"))
     exact = completion_logps(float32_trainer, output)
     # a second trainer under bf16 autocast, scoring the first one's batch
-    bf16_trainer, _, _ = rollout_batch(
-        short_smollm2(), completion_length=16, generations=4,
-        precision=PrecisionChoice(True, "bf16 autocast"))
-    trl_bf16 = completion_logps(bf16_trainer, output)
-    share_prompt_prefix(bf16_trainer)
-    shared_bf16 = completion_logps(bf16_trainer, output)
+    with tempfile.TemporaryDirectory(prefix="posttrain-test-grpo-") as scratch:
+        bf16_trainer = grpo_trainer(copied(smollm2_head), completion_length=16, generations=4,
+                                    output_dir=scratch,
+                                    precision=PrecisionChoice(True, "bf16 autocast"))
+        trl_bf16 = completion_logps(bf16_trainer, output)
+        share_prompt_prefix(bf16_trainer)
+        shared_bf16 = completion_logps(bf16_trainer, output)
     clip_gap = math.log1p(bf16_trainer.args.epsilon)
     trl_gap = float((trl_bf16 - exact).abs().mean())
     shared_gap = float((shared_bf16 - exact).abs().mean())
