@@ -131,8 +131,11 @@ def test_a_stop_signal_marks_the_run_stopped_and_keeps_what_was_measured(
         "--monitor-every", "0", "--eval-repeats", "1",  # one base evaluation is enough here
         "--runs-dir", str(tmp_path), "--run-name", "interrupted",
     ]  # fmt: skip
+    scratch = tmp_path / "tmp"  # the run's temp folder: the trainer's scratch goes there
+    scratch.mkdir()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, preexec_fn=_ignore_sigint if inherited_ignore else None)
+                               text=True, preexec_fn=_ignore_sigint if inherited_ignore else None,
+                               env={**os.environ, "TMPDIR": str(scratch)})
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
     # generous bounds, not expected durations: a loaded CI machine can be ~6x slower
     deadline = time.monotonic() + 900
@@ -149,6 +152,7 @@ def test_a_stop_signal_marks_the_run_stopped_and_keeps_what_was_measured(
     assert summary["status"] == "stopped" and summary["stop_reason"] == reason
     assert summary["before"]["pass_at_1"] is not None
     assert (tmp_path / "interrupted" / "holdout_before.jsonl").exists()
+    assert not list(scratch.glob("posttrain-*"))  # the stopped trainer's scratch went too
 
 
 def test_runs_that_differ_in_training_seed_share_their_holdout(finished_run, other_seed_run):

@@ -90,6 +90,7 @@ def test_a_full_disk_during_the_adapter_save_is_one_line_and_a_failed_run(
     command says so in one line (exit 2) and the run is marked failed in its summary."""
     import errno
     import json
+    import tempfile
 
     import peft
 
@@ -97,6 +98,9 @@ def test_a_full_disk_during_the_adapter_save_is_one_line_and_a_failed_run(
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(peft.PeftModel, "save_pretrained", full)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the trainer's scratch goes
     runs = tmp_path / "runs"
     code = main(["grpo", "--base-model", "starter-2m", "--prompts", "40", "--steps", "1",
                  "--num-generations", "2", "--eval-samples", "1", "--eval-repeats", "1",
@@ -109,6 +113,7 @@ def test_a_full_disk_during_the_adapter_save_is_one_line_and_a_failed_run(
     assert "adapter" in said
     summary = json.loads((runs / "full" / "summary.json").read_text())
     assert summary["status"] == "failed" and "No space left" in summary["error"]
+    assert not list(scratch.glob("posttrain-*"))  # the failed trainer's scratch went too
 
 
 @pytest.mark.slow

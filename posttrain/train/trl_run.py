@@ -42,16 +42,22 @@ def quiet_transformers_warnings() -> Iterator[None]:
 def train_and_save(trainer: Any, context: RecipeContext) -> Policy:
     """Run ``trainer.train()``, save its adapter to the run folder's ``adapter/``; returns
     the trained policy (the context's policy with the trained model and adapter on)."""
-    with quiet_transformers_warnings(), labelled_positions_only():
-        trainer.train()
-    trainer.model.save_pretrained(str(context.folder.adapter))
-    if context.settings.trainer_output_dir(context.folder) is None:
-        # the trainer's scratch folder (save_strategy "no": it holds nothing); left, every
-        # run would leave an empty posttrain-<recipe>-* folder in the temp folder
-        scratch = Path(trainer.args.output_dir)
-        if scratch.name.startswith("posttrain-") and scratch.parent == Path(tempfile.gettempdir()):
-            shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        with quiet_transformers_warnings(), labelled_positions_only():
+            trainer.train()
+        trainer.model.save_pretrained(str(context.folder.adapter))
+    finally:  # also when training fails or a Ctrl-C stops it
+        if context.settings.trainer_output_dir(context.folder) is None:
+            remove_scratch(Path(trainer.args.output_dir))
     return replace(context.policy, model=trainer.model, adapter=str(context.folder.adapter))
+
+
+def remove_scratch(folder: Path) -> None:
+    """Remove a trainer's scratch folder (save_strategy "no": it holds nothing); left, every
+    run would leave an empty posttrain-<recipe>-* folder in the temp folder. Only one the
+    recipe made there (``tempfile.mkdtemp(prefix="posttrain-...")``) is touched."""
+    if folder.name.startswith("posttrain-") and folder.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def trainer_outcome(
