@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,16 +96,25 @@ def test_an_interrupt_the_code_handled_itself_is_not_raised_again():
             update(3)
 
 
-def _run_the_command_with(main_source):
+def _run_the_command_with(main_source, as_module: bool = False):
     """``posttrain.cli.run`` in a process of its own, with ``main`` replaced by the function
-    ``main_source`` defines: the process's exit status and standard error."""
+    ``main_source`` defines: the process's exit status and standard error. ``as_module``:
+    started as ``python -m`` starts posttrain (a module of its own), not with ``-c``."""
     import subprocess
+    import tempfile
     import textwrap
 
     script = (textwrap.dedent(main_source)
               + "\nimport posttrain.cli as cli\ncli.main = main\ncli.run()\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
+    with tempfile.TemporaryDirectory() as folder:
+        if as_module:
+            (Path(folder) / "stand_in.py").write_text(script)
+            command = [sys.executable, "-m", "stand_in"]
+        else:
+            command = [sys.executable, "-c", script]
+        path = os.pathsep.join([folder, *sys.path])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": path})
     return done.returncode, done.stderr
 
 
@@ -136,3 +146,20 @@ def test_a_ctrl_c_once_the_command_has_finished_leaves_its_status_alone():
     """)
     assert code == 3, err
     assert "KeyboardInterrupt" not in err, err
+
+
+def test_an_interrupt_caught_after_it_left_code_run_from_source_text_exits_130():
+    # the Ctrl-C landed while Python ran code it had made from source text (a dataclass's
+    # methods, a chat template) and main caught it: under python -m, CPython would end the
+    # process by SIGINT (status -2) after main said "interrupted"; the entry point clears
+    # that note (posttrain.cli.forget_uncaught_interrupt)
+    code, err = _run_the_command_with("""
+        import sys
+        def main():
+            try:
+                exec("raise KeyboardInterrupt")
+            except KeyboardInterrupt:
+                print("posttrain eval: interrupted", file=sys.stderr)
+                return 130
+    """, as_module=True)
+    assert code == 130, err
