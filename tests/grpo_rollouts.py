@@ -14,16 +14,16 @@ ENV = get_env("refund")
 
 
 def grpo_trainer(policy: Any, completion_length: int, generations: int, output_dir: str,
-                 precision: Any = None) -> Any:
-    """A real TRL GRPOTrainer with posttrain's rollouts over 4 refund prompts x
-    ``generations`` (``grpo_batch_rows``); ``precision`` a ``PrecisionChoice`` (default the
+                 precision: Any = None, records: list[dict] | None = None) -> Any:
+    """A real TRL GRPOTrainer with posttrain's rollouts over ``records`` (default
+    ``grpo_records()``) x ``generations``; ``precision`` a ``PrecisionChoice`` (default the
     runtime's)."""
     from posttrain.train.grpo.rollout import RolloutChoice
     from posttrain.train.grpo.settings import GRPOSettings
     from posttrain.train.grpo.trainer import build_grpo_trainer
     from posttrain.train.rewards import RuleReward
 
-    records = grpo_records()
+    records = records if records is not None else grpo_records()
     # temperature 1: TRL's trainer scores tokens at the sampling temperature, the sampler's
     # logprobs are the raw ones (posttrain.policy.sampler); at 1 the two are the same thing
     settings = GRPOSettings(steps=1, num_generations=generations,
@@ -45,10 +45,11 @@ def rollout_batch(policy: Any, completion_length: int, generations: int,
     prompts x ``generations`` (``grpo_trainer``)."""
     from posttrain.train.grpo.trainer import grpo_dataset
 
+    records = grpo_records()
     # the trainer writes nothing while it scores one batch: its folder goes with the call
     with tempfile.TemporaryDirectory(prefix="posttrain-test-grpo-") as scratch:
         trainer = grpo_trainer(policy, completion_length, generations, scratch,
-                               precision=precision)
+                               precision=precision, records=records)
         handed: dict = {}
         sample = trainer.rollout_func
 
@@ -57,7 +58,7 @@ def rollout_batch(policy: Any, completion_length: int, generations: int,
             return handed
 
         trainer.rollout_func = kept
-        batch = [row for row in grpo_dataset(ENV, grpo_records()) for _ in range(generations)]
+        batch = [row for row in grpo_dataset(ENV, records) for _ in range(generations)]
         return trainer, trainer._generate_and_score_completions(batch), handed
 
 

@@ -163,11 +163,7 @@ def compare(policy, generations: int = 4) -> None:
 
 @pytest.mark.slow
 def test_the_shared_prefix_gives_trls_logprobs_and_gradient_on_the_starter(starter_2m):
-    from posttrain.policy.models import Policy
-
-    policy = Policy(model=deepcopy(starter_2m.model), tokenizer=deepcopy(starter_2m.tokenizer),
-                    name="starter-2m", device="cpu", dtype="float32")
-    compare(policy)
+    compare(copied(starter_2m))
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +181,9 @@ def test_the_shared_prefix_gives_trls_logprobs_and_gradient_on_smollm2(smollm2_h
 
 
 def copied(policy):
-    """A copy of ``policy`` a trainer may attach its LoRA adapter to."""
-    return replace(policy, model=deepcopy(policy.model))
+    """A copy of ``policy`` a trainer may attach its LoRA adapter to (and change the
+    tokenizer of)."""
+    return replace(policy, model=deepcopy(policy.model), tokenizer=deepcopy(policy.tokenizer))
 
 
 def completion_logps(trainer, output):
