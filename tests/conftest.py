@@ -1,10 +1,12 @@
 """Shared fixtures: an isolated, offline models folder, the starter-2m policy, and what
 the service's tests share (their own load of starter-2m, one torch thread).
 
-Every test session gets its own models folder (``POSTTRAIN_MODELS``) so tests
-never read or write the user's cache, and ``HF_HUB_OFFLINE=1`` so nothing tries
-the network. Set ``POSTTRAIN_TEST_MODELS`` to a folder to reuse builds across
-sessions (the starter cache is keyed by recipe, so a stale build is never used).
+Tests never read or write the user's cache: their models folder (``POSTTRAIN_MODELS``)
+is the one ``tests/model_cache.py`` keeps inside the virtual environment, named by a
+digest of everything a build reads, so a session reuses the builds of the last one only
+when the package, the examples, the libraries and the CPU are the same. ``HF_HUB_OFFLINE=1``
+so nothing tries the network. ``POSTTRAIN_TEST_MODELS=fresh`` builds everything again in
+a folder of the session's own; ``POSTTRAIN_TEST_MODELS=<folder>`` uses that folder.
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.model_cache import reused_models_folder
+
 # a real PostgreSQL server for the store's tests (started on first use, once a session)
 from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
 
 
 def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This test session's models folder. Under pytest-xdist every worker is a session of
-    its own: they share one folder beside their own temp folders, so a starter is built
+    """This test session's models folder (see the module docstring). Under pytest-xdist
+    every worker is a session of its own: they share one folder, so a starter is built
     once (the build's lock file makes the others wait and reuse it) and SmolLM2 converted
     once (a staging folder, then a rename)."""
+    asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
+    if asked and asked != "fresh":
+        return Path(asked)
+    reused = None if asked == "fresh" else reused_models_folder()
+    if reused is not None:
+        return reused
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "models"
         shared.mkdir(exist_ok=True)
@@ -36,7 +46,7 @@ def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's models folder, exported as POSTTRAIN_MODELS (with the hub offline)."""
-    folder = os.environ.get("POSTTRAIN_TEST_MODELS") or str(_session_models(tmp_path_factory))
+    folder = str(_session_models(tmp_path_factory))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POSTTRAIN_MODELS", folder)
         patch.setenv("HF_HUB_OFFLINE", "1")

@@ -75,11 +75,32 @@ def test_grpo_on_two_processes_writes_one_run_with_every_holdout_row_once(
     assert len(read_rows(runs / "ddp" / "holdout_after.jsonl")) == 2 * len(holdout)
 
 
-def test_dpo_on_two_processes_trains_and_reports_like_one(starter_2m_folder, tmp_path):
-    runs = tmp_path / "runs"
-    done = torchrun(["dpo", *COMMON, "--steps", "2", "--batch-size", "4", "--pair-samples",
-                     "4", "--run-name", "ddp-dpo"], runs)
+@pytest.fixture(scope="module")
+def dpo_on_two_processes(starter_2m_folder, tmp_path_factory, request):
+    """One DPO run on two processes (2 steps), read by the two tests below: one checks the
+    run and its pairs, the other the store the ``POSTTRAIN_STORE`` URL names (a database on
+    the suite's PostgreSQL server; without one, the run goes to the runs folder's SQLite
+    file and that test is skipped). Returns (runs folder, store URL or None, the launch)."""
+    try:
+        store_url = request.getfixturevalue("postgres_server").new_database()
+    except pytest.skip.Exception:
+        store_url = None
+    runs = tmp_path_factory.mktemp("dpo-ddp") / "runs"
+    environment = launch_environment(runs.parent / "tmp")
+    if store_url:
+        environment["POSTTRAIN_STORE"] = store_url  # every process reads it
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", "-m", "posttrain", "dpo", *COMMON, "--steps", "2",
+               "--batch-size", "4", "--pair-samples", "4", "--run-name", "ddp-dpo",
+               "--runs-dir", str(runs)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                          env=environment)
     assert done.returncode in (0, 1), done.stderr[-3000:]
+    return runs, store_url, done
+
+
+def test_dpo_on_two_processes_trains_and_reports_like_one(dpo_on_two_processes):
+    runs, _, done = dpo_on_two_processes
     assert "split over 2 processes" in done.stdout
     summary = check_one_run(runs, "ddp-dpo", 2)
     assert (runs / "ddp-dpo" / "adapter" / "adapter_model.safetensors").is_file()
@@ -109,28 +130,21 @@ def test_dpo_on_two_processes_trains_and_reports_like_one(starter_2m_folder, tmp
     assert len(merged & {key(pair) for pair in alone}) >= 0.9 * len(alone)
 
 
-def test_two_processes_write_one_run_into_the_store_the_url_names(starter_2m_folder,
-                                                                   tmp_path, postgres_url):
+def test_two_processes_write_one_run_into_the_store_the_url_names(dpo_on_two_processes):
     # every process reads POSTTRAIN_STORE; only the main one writes the run, into the
     # database, and no SQLite file appears in the runs folder
-    runs = tmp_path / "runs"
-    environment = {**launch_environment(tmp_path / "tmp"), "POSTTRAIN_STORE": postgres_url}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", "-m", "posttrain", "dpo", *COMMON, "--steps", "1",
-               "--batch-size", "4", "--pair-samples", "4", "--run-name", "ddp-pg",
-               "--runs-dir", str(runs)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                          env=environment)
-    assert done.returncode in (0, 1), done.stderr[-3000:]
+    runs, store_url, _ = dpo_on_two_processes
+    if store_url is None:
+        pytest.skip("no PostgreSQL server for the store's URL (see tests/postgres_server.py)")
     assert not (runs / "posttrain.db").exists()
     from posttrain.runs.postgres_store import PostgresRunStore
 
-    with PostgresRunStore(postgres_url) as store:
+    with PostgresRunStore(store_url) as store:
         (run,) = store.list_runs()
-        assert run["name"] == "ddp-pg" and run["status"] == "done"
-        record = store.get_run("ddp-pg")
+        assert run["name"] == "ddp-dpo" and run["status"] == "done"
+        record = store.get_run("ddp-dpo")
         assert record["config"]["resolved"]["world_size"] == 2
-        assert store.metric_series("ddp-pg", "loss")["steps"] == [1]
+        assert store.metric_series("ddp-dpo", "loss")["steps"] == [1, 2]
 
 
 def test_accelerate_launch_runs_sft_on_two_processes(starter_2m_folder, tmp_path):

@@ -415,7 +415,9 @@ def test_a_starter_from_a_fixed_dataset_says_it_learns_the_holdout():
 
 
 @pytest.mark.slow
-def test_the_environments_own_starter_builds_from_its_ground_truth(capsys):
+def test_the_environments_own_starter_builds_from_its_ground_truth(capsys, monkeypatch,
+                                                                   tmp_path):
+    monkeypatch.setenv("POSTTRAIN_MODELS", str(tmp_path))  # built here, never reused
     # the gate probes a verifiers environment's replies (it has no tool_call marker)
     assert main(["model", "build", "--env", "verifiers:vf-arith?count=40"]) == 0
     error = capsys.readouterr().err

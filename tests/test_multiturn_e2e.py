@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -84,7 +85,12 @@ def test_tool_results_are_masked_out_of_the_loss(starter_2m, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_episode_starter_builds_and_plays(starter_2m_folder, models_folder):
+def test_an_episode_starter_builds_and_plays(starter_2m_folder, monkeypatch, tmp_path):
+    # built in a models folder of the test's own, never reused; its base, starter-2m,
+    # copied in beside it (the episode build continues the base it finds there)
+    models = tmp_path / "models"
+    shutil.copytree(starter_2m_folder, models / "starter" / starter_2m_folder.name)
+    monkeypatch.setenv("POSTTRAIN_MODELS", str(models))
     from posttrain.policy.loading import load_policy
     from posttrain.policy.starters.build import build_starter
     from posttrain.policy.starters.registry import recipe_for
