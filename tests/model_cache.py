@@ -72,12 +72,17 @@ def build_inputs_digest(repo: Path = REPO) -> str:
 
 
 def reused_models_folder() -> Path | None:
-    """This code's models folder inside the virtual environment, the older ones removed;
-    None outside a virtual environment (the session then builds into its own folder)."""
+    """This code's models folder inside the virtual environment (``cache_folder``); None
+    outside a virtual environment (the session then builds into a folder of its own)."""
     if sys.prefix == sys.base_prefix:
         return None
-    root = Path(sys.prefix) / CACHE_NAME
-    folder = root / build_inputs_digest()
+    return cache_folder(Path(sys.prefix) / CACHE_NAME, build_inputs_digest())
+
+
+def cache_folder(root: Path, digest: str) -> Path:
+    """``root/digest``, made if missing; making it removes the other sets under ``root``
+    (built from other code: nothing will read them again)."""
+    folder = root / digest
     if not folder.is_dir():
         if root.is_dir():
             for older in root.iterdir():
