@@ -208,23 +208,38 @@ def reply_or_one_line(call: Any, url: str) -> None:
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(status=STATUSES, body=BODIES, content_type=CONTENT_TYPES)
-def test_any_answer_to_the_endpoint_agent_is_a_reply_or_one_named_line(drawn_url, status,
-                                                                        body, content_type):
+def test_any_answer_to_the_endpoint_agent_is_a_reply_or_one_named_line(drawn_url, drawn_agent,
+                                                                        status, body,
+                                                                        content_type):
+    # one agent for every example (as a run asks one agent again and again): each answer
+    # is met by an agent that has already met the answers before it
     Scripted.answer = Misbehaviour("drawn", status, body, content_type)
-    agent = agent_at(drawn_url, model="scripted")
-    reply_or_one_line(lambda: _is_text(agent(MESSAGES)), f"--endpoint {drawn_url}")
+    reply_or_one_line(lambda: _is_text(drawn_agent(MESSAGES)), f"--endpoint {drawn_url}")
+
+
+@pytest.fixture
+def drawn_agent(drawn_url: str) -> EndpointAgent:
+    """The endpoint agent the property test asks (made once per test, not per example:
+    an OpenAI client takes ~30 ms to make, as long as an answer here)."""
+    return agent_at(drawn_url, model="scripted")
+
+
+@pytest.fixture
+def drawn_judge(drawn_url: str) -> Any:
+    """The judge the property test asks, with its client's retries off (once per test)."""
+    judge = endpoint_judge(drawn_url, "scripted", "OPENAI_API_KEY", get_env("refund"))
+    judge.agent.client = judge.agent.client.with_options(max_retries=0)
+    return judge
 
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(status=STATUSES, body=BODIES, content_type=CONTENT_TYPES)
-def test_any_answer_to_the_judge_is_a_verdict_or_one_named_line(drawn_url, status, body,
-                                                                content_type):
+def test_any_answer_to_the_judge_is_a_verdict_or_one_named_line(drawn_url, drawn_judge,
+                                                                status, body, content_type):
     Scripted.answer = Misbehaviour("drawn", status, body, content_type)
-    judge = endpoint_judge(drawn_url, "scripted", "OPENAI_API_KEY", get_env("refund"))
-    judge.agent.client = judge.agent.client.with_options(max_retries=0)
     row = {"prompt": "Refund ORD-1", "reply": "Done.", "sample": 0}
-    reply_or_one_line(lambda: _is_verdict(judge.verdicts([row])[0]),
+    reply_or_one_line(lambda: _is_verdict(drawn_judge.verdicts([row])[0]),
                       f"--judge-endpoint {drawn_url}")
 
 
