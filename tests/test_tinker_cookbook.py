@@ -78,7 +78,25 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_the_supervised_loop_trains_and_saves(server, model_folder, tmp_path):
+def with_lora_seed(monkeypatch, seed: int) -> None:
+    """The cookbook asks for a training client without a LoRA seed, so the service draws
+    one (as Tinker does); this makes the SDK send ``seed``. Why: from a drawn seed the
+    supervised loss below fell to 0.60-0.73 of its start in 12 runs here, but one suite run
+    overshot at its fourth step (a loss of 7.9) and ended at 0.92, over the bound; seeds
+    0-11 given: 0.59-0.63 each (2026-12-06, Intel Xeon)."""
+    import tinker
+
+    create = tinker.ServiceClient.create_lora_training_client
+
+    def seeded(self, *args, **kwargs):
+        kwargs.setdefault("seed", seed)
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(tinker.ServiceClient, "create_lora_training_client", seeded)
+
+
+def test_the_supervised_loop_trains_and_saves(server, model_folder, tmp_path, monkeypatch):
+    with_lora_seed(monkeypatch, 0)
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"messages": [
         {"role": "user", "content": f"Where is order ORD-{1000 + i}?"},
@@ -95,7 +113,7 @@ def test_the_supervised_loop_trains_and_saves(server, model_folder, tmp_path):
     asyncio.run(sl_train.main(config))
     metrics = records(tmp_path / "log" / "metrics.jsonl")
     assert [row["step"] for row in metrics] == list(range(8))  # 4 passes over 2 batches
-    # the loss falls as the 8 conversations are learned (measured 7.3 -> 4.0-4.2 here)
+    # the loss falls as the 8 conversations are learned (seed 0: 6.03 -> 3.40 here)
     nll = [row["train_mean_nll"] for row in metrics]
     assert all(0 < value < 20 for value in nll)
     assert sum(nll[-2:]) / 2 < 0.85 * sum(nll[:2]) / 2, nll
