@@ -73,10 +73,14 @@ def build_inputs_digest(repo: Path = REPO) -> str:
 
 def reused_models_folder() -> Path | None:
     """This code's models folder inside the virtual environment (``cache_folder``); None
-    outside a virtual environment (the session then builds into a folder of its own)."""
+    outside a virtual environment or in one this user cannot write to (the session then
+    builds into a folder of its own)."""
     if sys.prefix == sys.base_prefix:
         return None
-    return cache_folder(Path(sys.prefix) / CACHE_NAME, build_inputs_digest())
+    try:
+        return cache_folder(Path(sys.prefix) / CACHE_NAME, build_inputs_digest())
+    except OSError:  # a venv this user cannot write to: build in the session's folder
+        return None
 
 
 def cache_folder(root: Path, digest: str) -> Path:
