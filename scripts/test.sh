@@ -6,16 +6,23 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/venv.sh
 bash scripts/chromium.sh
+# compiled modules are kept (__pycache__, git-ignored) even where the shell asks Python not
+# to write them: every worker's collection rewrites and compiles ~90 test files otherwise
+# (measured: collection 20 s -> 15 s a worker), and every process the tests start compiles
+# the package again
+unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Two worker processes (pytest-xdist), each test file on one of them (its module fixtures
 # built once), each worker's torch on one thread that sleeps rather than spins when it
 # waits: on 2 cores two 2-thread OpenMP teams stall each other at every barrier (measured:
 # the suite in 14.9 min in one process, 11.1 min in two like this; benchmarks/RESULTS.md).
 # A starter build still runs on its own fixed 2 threads (the same weights everywhere).
+# The files are dealt in the order the suite collects them (--no-loadscope-reorder): the
+# longest first once the test models are built (tests/file_order.py).
 # POSTTRAIN_TEST_WORKERS=0 runs it in one process.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 workers="${POSTTRAIN_TEST_WORKERS:-2}"
 if [ "$workers" = 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
-exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"

@@ -19,10 +19,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.file_order import order_files
 from tests.model_cache import reused_models_folder
 
 # a real PostgreSQL server for the store's tests (started on first use, once a session)
 from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first once the models are built, so the two workers end together
+    (tests/file_order.py). Every worker collects before any test runs, so all see the
+    same folder and deal the same order (xdist checks that they do)."""
+    order_files(items, models_built=_models_already_built())
+
+
+def _models_already_built() -> bool:
+    """Does the folder this session will use hold starter-2m already (``_session_models``)?"""
+    asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
+    if asked == "fresh":
+        return False
+    folder = Path(asked) if asked else reused_models_folder()
+    return folder is not None and any((folder / "starter").glob("starter-2m-*"))
 
 
 def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
