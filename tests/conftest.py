@@ -25,12 +25,22 @@ from tests.model_cache import reused_models_folder
 # a real PostgreSQL server for the store's tests (started on first use, once a session)
 from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
 
+#: "1" when the session's models were built before it started: decided once, by the
+#: process that starts the workers, so every worker deals the same order (xdist refuses
+#: to run workers that collected different orders)
+MODELS_BUILT = "POSTTRAIN_TEST_MODELS_BUILT"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Decide ``MODELS_BUILT`` in the process that starts the workers (or runs alone)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the workers inherit it
+        os.environ[MODELS_BUILT] = "1" if _models_already_built() else "0"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest files first once the models are built, so the two workers end together
-    (tests/file_order.py). Every worker collects before any test runs, so all see the
-    same folder and deal the same order (xdist checks that they do)."""
-    order_files(items, models_built=_models_already_built())
+    (tests/file_order.py)."""
+    order_files(items, models_built=os.environ.get(MODELS_BUILT) == "1")
 
 
 def _models_already_built() -> bool:
