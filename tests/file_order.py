@@ -14,7 +14,8 @@ them, the most tests first (light files among them), so one worker builds while 
 other tests.
 
 The seconds are each file's, measured with both workers busy on this project's 2-core
-machine (benchmarks/RESULTS.md, "The test suite's time"). They only order the files: a
+machine (``benchmarks/suite_timeline.py`` records and sums them; benchmarks/RESULTS.md,
+"The test suite's time"). They only order the files: a
 stale figure costs a few seconds, never a result, and a file not named here comes after
 these, the files with more tests first (xdist's own order).
 """

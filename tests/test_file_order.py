@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,3 +46,25 @@ def test_before_the_models_are_built_the_files_with_more_tests_go_first():
 def test_every_file_named_exists():
     # a renamed file would silently lose its place at the front
     assert [name for name in FILE_SECONDS if not (ROOT / name).is_file()] == []
+
+
+def test_the_timeline_plugin_records_each_test_and_sums_its_file(tmp_path):
+    """benchmarks/suite_timeline.py, the plugin behind FILE_SECONDS, on a real pytest run."""
+    environment = {name: value for name, value in os.environ.items()
+                   if name != "PYTEST_XDIST_WORKER"}  # a run of its own: one timeline, main's
+    environment.update(PYTHONPATH=str(ROOT / "benchmarks"), SUITE_TIMELINE=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suite_timeline",
+         "tests/test_file_order.py::test_every_file_named_exists",
+         "tests/test_file_order.py::test_before_the_models_are_built_the_files_with_more_tests_go_first"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len((tmp_path / "main.txt").read_text().splitlines()) == 2
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from suite_timeline import summarize
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    summary = summarize(tmp_path).splitlines()
+    assert summary[0].startswith("main: span ") and summary[0].endswith(", 2 tests")
+    assert summary[1].endswith("s  tests/test_file_order.py")

@@ -1,0 +1,58 @@
+"""Where the test suite's time goes: a pytest plugin that writes every test's start and end,
+one file per worker, and a summary of those files.
+
+    PYTHONPATH=benchmarks SUITE_TIMELINE=/tmp/timeline bash scripts/test.sh -p suite_timeline
+    .venv/bin/python benchmarks/suite_timeline.py /tmp/timeline
+
+The summary gives each worker's span (first test's start to last test's end) and busy time
+(the sum of its tests), and the files by their seconds: the figures behind
+``tests/file_order.py`` and the suite rows of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+_started: dict[str, float] = {}
+
+
+def _folder() -> Path:
+    folder = Path(os.environ.get("SUITE_TIMELINE", "suite-timeline"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _started[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(_folder() / f"{worker}.txt", "a") as timeline:
+        timeline.write(f"{_started.pop(nodeid, time.time()):.2f} {time.time():.2f} {nodeid}\n")
+
+
+def summarize(folder: Path, top: int = 30) -> str:
+    """Each worker's span and busy seconds, then the ``top`` files by seconds."""
+    lines, per_file = [], defaultdict(float)
+    for path in sorted(folder.glob("*.txt")):
+        spans = [line.split(" ", 2) for line in path.read_text().splitlines() if line]
+        if not spans:
+            continue
+        starts, ends = [float(s) for s, _, _ in spans], [float(e) for _, e, _ in spans]
+        busy = sum(end - start for start, end in zip(starts, ends, strict=True))
+        lines.append(f"{path.stem}: span {max(ends) - min(starts):.0f} s, busy {busy:.0f} s, "
+                     f"{len(spans)} tests")
+        for start, end, (_, _, nodeid) in zip(starts, ends, spans, strict=True):
+            per_file[nodeid.split("::", 1)[0]] += end - start
+    for name, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"{seconds:7.1f} s  {name}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summarize(Path(sys.argv[1] if len(sys.argv) > 1 else "suite-timeline")))
