@@ -16,24 +16,36 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
-_started: dict[str, float] = {}
+
+class Timeline:
+    """Appends ``start end nodeid`` for every test this process runs to ``folder/<worker>.txt``
+    (``main`` without pytest-xdist)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.started: dict[str, float] = {}
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self.started[nodeid] = time.time()
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        with open(self.folder / f"{self.worker}.txt", "a") as timeline:
+            timeline.write(f"{self.started.pop(nodeid, time.time()):.2f} {time.time():.2f} "
+                           f"{nodeid}\n")
 
 
-def _folder() -> Path:
+def pytest_sessionstart(session: Any) -> None:
+    # pytest-xdist's controller ("dsession", registered by then) hears of every worker's
+    # tests too: only the processes that run tests record them
+    config = session.config
+    if config.pluginmanager.hasplugin("dsession"):
+        return
     folder = Path(os.environ.get("SUITE_TIMELINE", "suite-timeline"))
     folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def pytest_runtest_logstart(nodeid: str, location: object) -> None:
-    _started[nodeid] = time.time()
-
-
-def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    with open(_folder() / f"{worker}.txt", "a") as timeline:
-        timeline.write(f"{_started.pop(nodeid, time.time()):.2f} {time.time():.2f} {nodeid}\n")
+    config.pluginmanager.register(Timeline(folder), "suite_timeline_recorder")
 
 
 def summarize(folder: Path, top: int = 30) -> str:
