@@ -45,11 +45,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _models_already_built() -> bool:
     """Does the folder this session will use hold starter-2m already (``_session_models``)?"""
+    folder = _kept_models_folder()
+    return folder is not None and any((folder / "starter").glob("starter-2m-*"))
+
+
+def _kept_models_folder() -> Path | None:
+    """The models folder a session uses when it is not one of the session's own: the one
+    ``POSTTRAIN_TEST_MODELS`` names, else the cache in the venv (``tests/model_cache.py``);
+    None for ``POSTTRAIN_TEST_MODELS=fresh`` or where there is no cache."""
     asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
     if asked == "fresh":
-        return False
-    folder = Path(asked) if asked else reused_models_folder()
-    return folder is not None and any((folder / "starter").glob("starter-2m-*"))
+        return None
+    return Path(asked) if asked else reused_models_folder()
 
 
 def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -57,12 +64,9 @@ def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     every worker is a session of its own: they share one folder, so a starter is built
     once (the build's lock file makes the others wait and reuse it) and SmolLM2 converted
     once (a staging folder, then a rename)."""
-    asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
-    if asked and asked != "fresh":
-        return Path(asked)
-    reused = None if asked == "fresh" else reused_models_folder()
-    if reused is not None:
-        return reused
+    kept = _kept_models_folder()
+    if kept is not None:
+        return kept
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "models"
         shared.mkdir(exist_ok=True)
