@@ -28,8 +28,9 @@ def launch_environment(scratch: Path) -> dict[str, str]:
     return {**environment, "TMPDIR": str(scratch)}
 
 
-def torchrun(args: list[str], runs, timeout: int = 900) -> subprocess.CompletedProcess:
-    environment = launch_environment(runs.parent / "tmp")
+def torchrun(args: list[str], runs, timeout: int = 900,
+             extra_environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = {**launch_environment(runs.parent / "tmp"), **(extra_environment or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", "2", "-m", "posttrain", *args, "--runs-dir", str(runs)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -86,15 +87,10 @@ def dpo_on_two_processes(starter_2m_folder, tmp_path_factory, request):
     except pytest.skip.Exception:
         store_url = None
     runs = tmp_path_factory.mktemp("dpo-ddp") / "runs"
-    environment = launch_environment(runs.parent / "tmp")
-    if store_url:
-        environment["POSTTRAIN_STORE"] = store_url  # every process reads it
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", "-m", "posttrain", "dpo", *COMMON, "--steps", "2",
-               "--batch-size", "4", "--pair-samples", "4", "--run-name", "ddp-dpo",
-               "--runs-dir", str(runs)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                          env=environment)
+    done = torchrun(["dpo", *COMMON, "--steps", "2", "--batch-size", "4", "--pair-samples",
+                     "4", "--run-name", "ddp-dpo"], runs,
+                    # every process reads it
+                    extra_environment={"POSTTRAIN_STORE": store_url} if store_url else None)
     assert done.returncode in (0, 1), done.stderr[-3000:]
     return runs, store_url, done
 
