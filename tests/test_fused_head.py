@@ -132,7 +132,7 @@ def test_labelled_positions_only_matches_every_position_on_the_starter(starter_2
 
 
 @pytest.mark.slow
-def test_labelled_positions_only_matches_every_position_on_smollm2():
+def test_labelled_positions_only_matches_every_position_on_smollm2(smollm2_folder):
     from posttrain.policy.loading import load_policy
 
     policy = load_policy("smollm2", show_progress=False)

@@ -78,7 +78,7 @@ def test_posttrain_rollouts_match_the_trainer_on_the_starter(starter_2m):
 
 
 @pytest.mark.slow
-def test_posttrain_rollouts_match_the_trainer_on_smollm2():
+def test_posttrain_rollouts_match_the_trainer_on_smollm2(smollm2_folder):
     policy = short_smollm2()  # its first 8 layers (tests/grpo_rollouts.py)
     trainer, output, handed = rollout_batch(policy, completion_length=12, generations=2)
     assert len(handed["completion_ids"]) == 8

@@ -80,7 +80,7 @@ def test_an_sft_run_under_bf16_autocast_trains_and_says_so(starter_2m_folder, tm
 
 @pytest.mark.slow
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
-def test_grpo_under_bf16_keeps_the_trainer_near_the_sampler_on_smollm2():
+def test_grpo_under_bf16_keeps_the_trainer_near_the_sampler_on_smollm2(smollm2_folder):
     """SmolLM2 rollouts sampled in float32; TRL's trainer scores the same tokens under bf16
     autocast: the same tokens as the sampler's (autocast off: within float32's bound) and,
     under bf16, a mean gap inside GRPO's clip range."""

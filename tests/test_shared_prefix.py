@@ -167,7 +167,7 @@ def test_the_shared_prefix_gives_trls_logprobs_and_gradient_on_the_starter(start
 
 
 @pytest.fixture(scope="module")
-def smollm2_head():
+def smollm2_head(smollm2_folder):
     """SmolLM2's first 8 layers (tests/grpo_rollouts.py), loaded once for this file's
     tests; each trains a copy (``copied``)."""
     return short_smollm2()

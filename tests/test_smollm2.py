@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(smollm2_folder):
     return load_policy("smollm2")
 
 
