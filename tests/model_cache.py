@@ -108,7 +108,7 @@ def source_path(path: str, repo: Path = REPO) -> str | None:
     """``path`` relative to ``repo`` when it lies in one of ``SOURCE_TREES`` (and not in a
     ``__pycache__``), else None."""
     try:
-        relative = Path(os.path.abspath(path)).relative_to(repo)
+        relative = Path(os.path.realpath(path)).relative_to(repo)
     except ValueError:
         return None
     if not relative.parts or relative.parts[0] not in SOURCE_TREES:
@@ -250,6 +250,12 @@ def _build_and_record(root: Path, name: str, record_file: Path) -> dict[str, Any
         if record is None:
             raise RuntimeError(f"building the test model {name!r} failed (exit "
                                f"{built.returncode}):\n{built.stderr[-6000:]}")
+        if "posttrain/__init__.py" not in record["files"]:
+            # a record naming none of the package's files would never go stale
+            raise RuntimeError(
+                f"the build of the test model {name!r} imported no module from {REPO}/"
+                "posttrain (is posttrain installed from another folder?); install this "
+                "checkout (bash scripts/venv.sh) or set POSTTRAIN_TEST_MODELS=fresh")
         _write_atomically(record_file, json.dumps(record, indent=1) + "\n")
         for entry in record["entries"]:
             target = root / "models" / entry

@@ -47,6 +47,14 @@ def fail_to_build() -> Path:
     raise ValueError("no room for a model here")
 
 
+def make_a_model_from_nothing() -> Path:
+    """A build that reads nothing of the package (as when posttrain is installed from
+    another folder than this checkout): its record could never go stale."""
+    folder = Path(os.environ["POSTTRAIN_MODELS"]) / "kind" / "empty"
+    folder.mkdir(parents=True)
+    return folder
+
+
 def copy_of_the_sources(folder: Path) -> Path:
     for tree in SOURCE_TREES:
         shutil.copytree(REPO / tree, folder / tree,
@@ -178,6 +186,16 @@ def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
     assert not list((root / "records").glob("*.json"))
     assert not any((root / "models").iterdir())
     assert sorted(path.name for path in root.iterdir()) == ["cache.lock", "models", "records"]
+
+
+def test_a_build_that_read_none_of_this_checkout_is_not_kept(tmp_path):
+    root = tmp_path / "cache"
+    (root / "models").mkdir(parents=True)
+    (root / "records").mkdir()
+    with pytest.raises(RuntimeError, match=r"imported no module from .*POSTTRAIN_TEST_MODELS"):
+        recorded_model(root, "tests.test_model_cache:make_a_model_from_nothing")
+    assert not list((root / "records").glob("*.json"))
+    assert not any((root / "models").iterdir())
 
 
 @pytest.mark.parametrize("text", [
