@@ -8,10 +8,10 @@ which put the 3-test, 49-second cookbook file last: one worker ran alone for its
 short ones to even out the two workers' ends.
 
 That holds once the fixtures' models are built (``tests/model_cache.py``). In a session
-that builds them (a fresh clone, a changed package) the longest files all wait on the
-starter-2m build, both workers idle together; there the files go as xdist would order
-them, the most tests first (light files among them), so one worker builds while the
-other tests.
+that builds them (a fresh clone, a change to a file a build reads) the longest files all
+wait on the starter-2m build, both workers idle together; there the files go as xdist
+would order them, the most tests first (light files among them), so one worker builds
+while the other tests.
 
 The seconds are each file's, measured with both workers busy on this project's 2-core
 machine (``benchmarks/suite_timeline.py`` records and sums them; benchmarks/RESULTS.md,
