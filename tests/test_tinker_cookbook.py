@@ -184,11 +184,15 @@ def rl_config(server, model_folder, log_path, max_steps: int, *, learning_rate: 
 
 
 def test_the_rl_loops_reward_rises(server, model_folder, tmp_path):
-    """16 steps of 4 groups x 8 replies at learning rate 5e-4: the share of replies that
-    name an order id climbs from about 0.5 to about 0.85. Measured here over 19 runs: the
-    last 8 steps averaged 0.17-0.41 (mean 0.27, sd 0.06) above the first 3 in every one."""
+    """16 steps of 4 groups x 8 replies at learning rate 3e-4: the share of replies that
+    name an order id climbs from about 0.35 to about 0.8. Measured here (2026-12-06, Intel
+    Xeon, LoRA seeds drawn) over 12 runs: the last 8 steps averaged 0.32-0.52 above the
+    first 3, and no step of those 8 read under 0.56. At 5e-4, as before, the rise was the
+    same (0.32-0.58 over 22 runs alone), but one suite run collapsed after its fifth step:
+    every reply grew to the 8-token cap with no text in it (reward -0.1 each). The smaller
+    step keeps the rise and moves the policy less at each step."""
     asyncio.run(rl_train.main(rl_config(server, model_folder, tmp_path / "log", 16,
-                                        learning_rate=5e-4, groups=4, group_size=8)))
+                                        learning_rate=3e-4, groups=4, group_size=8)))
     rewards = [row["env/all/reward/total"] for row in records(tmp_path / "log" / "metrics.jsonl")
                if "env/all/reward/total" in row]
     assert len(rewards) == 16
