@@ -48,6 +48,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# Standard library only, posttrain's own helpers (posttrain.atomic, the build's lock) not
+# either: tests/recorded_build.py imports this module before its audit hook, and a module
+# of the package imported here would land in every record, a false input of every build.
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: the source trees a build or a conversion can read (the package, the example rules)

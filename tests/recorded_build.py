@@ -25,6 +25,9 @@ from pathlib import Path
 
 from tests.model_cache import LIBRARY_FLAG, REPO, record_of, source_path
 
+# Each build imports the package inside its function: the audit hook must be in place
+# before the first module of the package is imported (``main``), not to dodge a cycle.
+
 
 def _starter_2m() -> Path:
     from posttrain.policy.starters.build import build_starter
