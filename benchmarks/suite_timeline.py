@@ -6,12 +6,16 @@ one file per worker, and a summary of those files.
 
 The summary gives each worker's span (first test's start to last test's end) and busy time
 (the sum of its tests), and the files by their seconds: the figures behind
-``tests/file_order.py`` and the suite rows of benchmarks/RESULTS.md.
+``tests/file_order.py`` and the suite rows of benchmarks/RESULTS.md. Then the files by the
+CPU seconds their tests used (``<worker>.cpu``: the worker's own and its children's user +
+system time; a child counts when it is waited for, so a server a fixture starts counts
+for the test that stops it): on 2 cores the suite cannot end before its CPU seconds / 2.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -26,15 +30,24 @@ class Timeline:
     def __init__(self, folder: Path):
         self.folder = folder
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        self.started: dict[str, float] = {}
+        self.started: dict[str, tuple[float, float]] = {}
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
-        self.started[nodeid] = time.time()
+        self.started[nodeid] = (time.time(), cpu_seconds())
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        start, cpu_start = self.started.pop(nodeid, (time.time(), cpu_seconds()))
         with open(self.folder / f"{self.worker}.txt", "a") as timeline:
-            timeline.write(f"{self.started.pop(nodeid, time.time()):.2f} {time.time():.2f} "
-                           f"{nodeid}\n")
+            timeline.write(f"{start:.2f} {time.time():.2f} {nodeid}\n")
+        with open(self.folder / f"{self.worker}.cpu", "a") as cpu:
+            cpu.write(f"{cpu_seconds() - cpu_start:.2f} {nodeid}\n")
+
+
+def cpu_seconds() -> float:
+    """User + system seconds of this process and of its children waited for so far."""
+    own, children = (resource.getrusage(resource.RUSAGE_SELF),
+                     resource.getrusage(resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def pytest_sessionstart(session: Any) -> None:
@@ -63,6 +76,15 @@ def summarize(folder: Path, top: int = 30) -> str:
             per_file[nodeid.split("::", 1)[0]] += end - start
     for name, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:top]:
         lines.append(f"{seconds:7.1f} s  {name}")
+    cpu_per_file = defaultdict(float)
+    for path in sorted(folder.glob("*.cpu")):
+        for line in path.read_text().splitlines():
+            seconds, nodeid = line.split(" ", 1)
+            cpu_per_file[nodeid.split("::", 1)[0]] += float(seconds)
+    if cpu_per_file:
+        lines.append(f"CPU seconds of the tests: {sum(cpu_per_file.values()):.0f}")
+        for name, seconds in sorted(cpu_per_file.items(), key=lambda item: -item[1])[:top]:
+            lines.append(f"{seconds:7.1f} s CPU  {name}")
     return "\n".join(lines)
 
 

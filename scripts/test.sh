@@ -12,16 +12,19 @@ bash scripts/chromium.sh
 # the package again
 unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# Two worker processes (pytest-xdist), each test file on one of them (its module fixtures
+# Three worker processes (pytest-xdist), each test file on one of them (its module fixtures
 # built once), each worker's torch on one thread that sleeps rather than spins when it
 # waits: on 2 cores two 2-thread OpenMP teams stall each other at every barrier (measured:
-# the suite in 14.9 min in one process, 11.1 min in two like this; benchmarks/RESULTS.md).
+# the suite in 14.9 min in one process, 11.1 min in two like this). Three, not one a core:
+# many tests wait on a process or server they started, and two workers left the cores
+# idle 13% of the time; the third fills it (measured back to back: 655 s with two
+# workers, 531 s with three; benchmarks/RESULTS.md, "The test suite's time").
 # A starter build still runs on its own fixed 2 threads (the same weights everywhere).
 # The files are dealt in the order the suite collects them (--no-loadscope-reorder): the
-# longest first once the test models are built (tests/file_order.py).
-# POSTTRAIN_TEST_WORKERS=0 runs it in one process.
+# longest first (tests/file_order.py).
+# POSTTRAIN_TEST_WORKERS=N runs N workers, 0 the suite in one process.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-workers="${POSTTRAIN_TEST_WORKERS:-2}"
+workers="${POSTTRAIN_TEST_WORKERS:-3}"
 if [ "$workers" = 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi

@@ -20,42 +20,25 @@ from pathlib import Path
 import pytest
 
 from tests.file_order import order_files
-from tests.model_cache import cache_root, has_current_record, prune, recorded_model
+from tests.model_cache import cache_root, prune, recorded_model
 
 # a real PostgreSQL server for the store's tests (started on first use, once a session)
 from tests.postgres_server import postgres_server, postgres_url  # noqa: F401 (fixtures)
 from tests.recorded_build import BUILDS
 
-#: "1" when the session's models were built before it started: decided once, by the
-#: process that starts the workers, so every worker deals the same order (xdist refuses
-#: to run workers that collected different orders)
-MODELS_BUILT = "POSTTRAIN_TEST_MODELS_BUILT"
-
 
 def pytest_configure(config: pytest.Config) -> None:
     """In the process that starts the workers (or runs alone), before any test: drop the
-    kept models whose inputs changed (``tests/model_cache.py``), then decide
-    ``MODELS_BUILT``."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the workers inherit it
+    kept models whose inputs changed (``tests/model_cache.py``)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         cache = _model_cache()
         if cache is not None:
             prune(cache)
-        os.environ[MODELS_BUILT] = "1" if _models_already_built() else "0"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first once the models are built, so the two workers end together
-    (tests/file_order.py)."""
-    order_files(items, models_built=os.environ.get(MODELS_BUILT) == "1")
-
-
-def _models_already_built() -> bool:
-    """Does the folder this session will use hold starter-2m already (``_session_models``)?"""
-    cache = _model_cache()
-    if cache is not None:
-        return has_current_record(cache, "starter-2m")
-    asked = os.environ.get("POSTTRAIN_TEST_MODELS", "")
-    return asked not in ("", "fresh") and any((Path(asked) / "starter").glob("starter-2m-*"))
+    """The longest files first, so the workers end together (tests/file_order.py)."""
+    order_files(items)
 
 
 def _model_cache() -> Path | None:

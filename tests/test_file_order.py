@@ -24,22 +24,12 @@ COLLECTED = ("tests/test_a.py::one", "tests/test_shared_prefix.py::x", "tests/te
 
 def test_the_longest_files_come_first_whole_and_in_their_own_order():
     collected = items(*COLLECTED)
-    order_files(collected, models_built=True)
+    order_files(collected)
     assert [item.nodeid for item in collected] == [
-        "tests/test_data_parallel.py::y",  # 95 s
-        "tests/test_shared_prefix.py::x", "tests/test_shared_prefix.py::z",  # 71 s
+        "tests/test_data_parallel.py::y",  # 125 s
+        "tests/test_shared_prefix.py::x", "tests/test_shared_prefix.py::z",  # 94 s
         "tests/test_b.py::one", "tests/test_b.py::two",  # unmeasured: more tests first
         "tests/test_a.py::one",
-    ]
-
-
-def test_before_the_models_are_built_the_files_with_more_tests_go_first():
-    collected = items(*COLLECTED)
-    order_files(collected, models_built=False)
-    assert [item.nodeid for item in collected] == [
-        "tests/test_shared_prefix.py::x", "tests/test_shared_prefix.py::z",
-        "tests/test_b.py::one", "tests/test_b.py::two",
-        "tests/test_a.py::one", "tests/test_data_parallel.py::y",
     ]
 
 
@@ -56,10 +46,15 @@ def test_the_timeline_plugin_records_each_test_and_sums_its_file(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suite_timeline",
          "tests/test_file_order.py::test_every_file_named_exists",
-         "tests/test_file_order.py::test_before_the_models_are_built_the_files_with_more_tests_go_first"],
+         "tests/test_file_order.py::test_the_longest_files_come_first_whole_and_in_their_own_order"],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len((tmp_path / "main.txt").read_text().splitlines()) == 2
+    cpu_lines = (tmp_path / "main.cpu").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in cpu_lines] == [
+        "tests/test_file_order.py::test_every_file_named_exists",
+        "tests/test_file_order.py::test_the_longest_files_come_first_whole_and_in_their_own_order"]
+    assert all(float(line.split(" ", 1)[0]) >= 0 for line in cpu_lines)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from suite_timeline import summarize
@@ -68,3 +63,5 @@ def test_the_timeline_plugin_records_each_test_and_sums_its_file(tmp_path):
     summary = summarize(tmp_path).splitlines()
     assert summary[0].startswith("main: span ") and summary[0].endswith(", 2 tests")
     assert summary[1].endswith("s  tests/test_file_order.py")
+    assert summary[2].startswith("CPU seconds of the tests: ")
+    assert summary[3].endswith("s CPU  tests/test_file_order.py")
