@@ -104,7 +104,11 @@ def _run_the_command_with(main_source, as_module: bool = False):
     import tempfile
     import textwrap
 
-    script = (textwrap.dedent(main_source)
+    # Python's own Ctrl-C handler, as a command started from a terminal has it: a suite
+    # started in the background of a script (or under nohup) hands its processes SIGINT
+    # ignored, Python keeps an ignore it inherits, and the stand-in's Ctrl-C would vanish
+    script = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              + textwrap.dedent(main_source)
               + "\nimport posttrain.cli as cli\ncli.main = main\ncli.run()\n")
     with tempfile.TemporaryDirectory() as folder:
         if as_module:
