@@ -52,16 +52,21 @@ def test_a_huge_unbroken_text_is_refused_before_tokenising_and_a_long_one_is_lin
         encoder.encode("a" * 1_000_000)
     assert time.monotonic() - started < 1.0
     wide = Encoder.for_tokenizer(tokenizer, 100_000)  # a budget that lets long runs through
-    timings = {}
-    for length in (40_000, 160_000):
-        text = "q" * length
-        started = time.monotonic()
-        ids = wide.encode(text)
-        timings[length] = time.monotonic() - started
-        assert tokenizer.decode(ids) == text  # still an encoding of the same text
+    # each length's least of three tries, taken in turn: a try the machine's other work
+    # preempted reads long (a single try each read 0.08 s and 0.70 s, 8.7 times, in a suite
+    # run on three workers)
+    tries: dict[int, list[float]] = {40_000: [], 160_000: []}
+    for _ in range(3):
+        for length, seconds in tries.items():
+            text = "q" * length
+            started = time.monotonic()
+            ids = wide.encode(text)
+            seconds.append(time.monotonic() - started)
+            assert tokenizer.decode(ids) == text  # still an encoding of the same text
+    timings = {length: min(seconds) for length, seconds in tries.items()}
     # four times the text takes about four times as long (quadratic would be sixteen)
-    assert timings[160_000] < 8 * max(timings[40_000], 0.01), timings
-    assert timings[160_000] < 5.0, timings
+    assert timings[160_000] < 8 * max(timings[40_000], 0.01), tries
+    assert timings[160_000] < 5.0, tries
 
 
 def post(url: str, path: str, body: dict) -> tuple[int, dict, float]:
