@@ -74,8 +74,7 @@ def summarize(folder: Path, top: int = 30) -> str:
                      f"{len(spans)} tests")
         for start, end, (_, _, nodeid) in zip(starts, ends, spans, strict=True):
             per_file[nodeid.split("::", 1)[0]] += end - start
-    for name, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:top]:
-        lines.append(f"{seconds:7.1f} s  {name}")
+    lines += _longest(per_file, top, "s ")
     cpu_per_file = defaultdict(float)
     for path in sorted(folder.glob("*.cpu")):
         for line in path.read_text().splitlines():
@@ -83,9 +82,14 @@ def summarize(folder: Path, top: int = 30) -> str:
             cpu_per_file[nodeid.split("::", 1)[0]] += float(seconds)
     if cpu_per_file:
         lines.append(f"CPU seconds of the tests: {sum(cpu_per_file.values()):.0f}")
-        for name, seconds in sorted(cpu_per_file.items(), key=lambda item: -item[1])[:top]:
-            lines.append(f"{seconds:7.1f} s CPU  {name}")
+        lines += _longest(cpu_per_file, top, "s CPU ")
     return "\n".join(lines)
+
+
+def _longest(per_file: dict[str, float], top: int, unit: str) -> list[str]:
+    """The ``top`` files by seconds, a line each: ``seconds unit file``."""
+    ranked = sorted(per_file.items(), key=lambda item: -item[1])[:top]
+    return [f"{seconds:7.1f} {unit} {name}" for name, seconds in ranked]
 
 
 if __name__ == "__main__":

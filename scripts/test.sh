@@ -25,6 +25,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # POSTTRAIN_TEST_WORKERS=N runs N workers, 0 the suite in one process.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 workers="${POSTTRAIN_TEST_WORKERS:-3}"
+if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
+  echo "scripts/test.sh: POSTTRAIN_TEST_WORKERS must be a whole number of workers (0: the" \
+       "suite in one process), got '$workers'" >&2
+  exit 2
+fi
 if [ "$workers" = 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
