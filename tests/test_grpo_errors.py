@@ -1,6 +1,8 @@
 """Bad input to `posttrain grpo` is refused with a clear message before anything is written."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -163,3 +165,17 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_is_done(starter_2m_folder
     assert new_record["status"] == "done"
     assert new_record["config"]["settings"]["seed"] == 1 and contents() != old_files
     assert sorted(path.name for path in runs.iterdir()) == ["kept", "posttrain.db"]
+
+
+@pytest.mark.parametrize("recipe, flag", [("grpo", "--steps=0"), ("dpo", "--batch-size=0"),
+                                          ("sft", "--learning-rate=-1")])
+def test_a_bad_flag_is_refused_before_the_trainers_libraries_load(recipe, flag, tmp_path):
+    # the refusal used to come after ~4 s of imports (torch, transformers, peft, TRL)
+    script = ("import sys; from posttrain.cli import main; code = main(sys.argv[1:]); "
+              "print(code, sorted(m for m in ('torch', 'transformers', 'peft', 'trl') "
+              "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script, recipe, flag, "--runs-dir",
+                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split(maxsplit=1) == ["2", "[]\n"], done.stdout + done.stderr
+    assert f"posttrain {recipe}: error: {flag.split('=')[0]}" in done.stderr
+    assert not (tmp_path / "runs").exists()

@@ -11,7 +11,8 @@ from posttrain.commands.env_flag import add_env_arg, env_pairs
 from posttrain.commands.settings_file import load_settings_file
 from posttrain.envs.ecosystem import with_env_args
 from posttrain.interrupts import SIGTERM_EXIT_CODE, interruptible
-from posttrain.train.settings import RecipeSettings
+from posttrain.train.distributed import current_ranks
+from posttrain.train.settings import RecipeSettings, check_before_loading
 
 
 def register_recipe_command(
@@ -52,6 +53,8 @@ def register_recipe_command(
 
     def run(args: argparse.Namespace) -> int:
         settings = settings_for(settings_class, args, name)
+        # refused before the trainer's libraries load (seconds), not after
+        check_before_loading(settings, current_ranks().world)
         with interruptible():
             summary = run_recipe(settings)
         return recipe_exit_code(summary)

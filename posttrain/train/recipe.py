@@ -61,7 +61,7 @@ from posttrain.runs.folder import (
     from_run_base_model,
     runs_root,
 )
-from posttrain.runs.store import NullRun, check_store_opens, check_store_server, open_run
+from posttrain.runs.store import NullRun, check_store_opens, open_run
 from posttrain.score.audit import RewardAudit, audit_reward
 from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.guards import choose_guards
@@ -70,7 +70,7 @@ from posttrain.train.context import RecipeContext, SettingsT, TrainOutcome
 from posttrain.train.distributed import Ranks
 from posttrain.train.measure import PolicyEvaluation, evaluate_policy, finish_summary
 from posttrain.train.rewards import RuleReward, load_reward_function
-from posttrain.train.settings import RecipeSettings
+from posttrain.train.settings import RecipeSettings, check_before_loading
 from posttrain.ui.announce import local_dashboard_url
 
 #: the base model of a recipe whose environment names no starter of its own
@@ -122,9 +122,7 @@ def prepare(recipe: str, settings: SettingsT, *,
         say = _silent  # one console: the main process's
     failure: BaseException | None = None
     try:
-        settings.check()
-        settings.check_world(ranks.world)
-        check_store_server()
+        check_before_loading(settings, ranks.world)
         # the environment, then what it decides: the run's default name and base model
         env = get_env(settings.env)
         settings.name_run_for(env_name(env))

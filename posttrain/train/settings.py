@@ -18,7 +18,7 @@ from posttrain.envs.base import Env
 from posttrain.errors import PosttrainError
 from posttrain.policy.vllm_sampler import SAMPLERS, check_vllm_sampler
 from posttrain.runs.model_card import push_problem
-from posttrain.runs.store import describe_store
+from posttrain.runs.store import check_store_server, describe_store
 from posttrain.text import slug
 from posttrain.train.precision import PRECISIONS
 
@@ -308,6 +308,16 @@ class RecipeSettings(DataFlags):
 
 def _finite(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def check_before_loading(settings: RecipeSettings, world: int) -> None:
+    """What a run refuses before anything loads (``PosttrainError``, one line): its flags,
+    a launch of ``world`` processes they do not split across, a malformed run server URL.
+    ``posttrain.train.recipe.prepare`` runs it first; the recipe commands run it also before
+    they import their trainer (about 4 s of libraries), so bad input is said at once."""
+    settings.check()
+    settings.check_world(world)
+    check_store_server()
 
 
 def check_recipe_settings(settings: RecipeSettings) -> None:
