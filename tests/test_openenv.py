@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("openenv")
 
-from openenv_examples import ToolEnv, arith_question, arith_reward
-
+# tests/openenv_examples.py is imported by the tests that use it: its import loads
+# gradio (~4 CPU s), which every worker would otherwise pay to collect this file
 from posttrain.cli import main
 from posttrain.envs import get_env
 from posttrain.errors import PosttrainError
@@ -47,6 +47,7 @@ def right_on_even_seeds(messages):
 
 def test_an_openenv_environment_by_url_and_by_module_grades_with_its_own_rewards(
         arith_server):
+    from openenv_examples import arith_question, arith_reward
     by_url = get_env(f"openenv:{arith_server.url}?prompts=12")
     by_module = get_env("openenv:openenv_examples:arith_app?prompts=12&first_seed=3")
     try:
@@ -183,6 +184,7 @@ def test_a_server_that_is_down_slow_or_not_openenv_is_one_line(tmp_path, capsys)
 def test_posttrain_eval_and_grpo_run_through_an_openenv_environment(arith_server,
                                                                    starter_2m_folder,
                                                                    tmp_path):
+    from openenv_examples import arith_reward
     spec = f"openenv:{arith_server.url}?prompts=16"
     rows_file = tmp_path / "rows.jsonl"
     assert main(["eval", "--env", spec, "--base-model", "starter-2m", "--prompts", "16",
@@ -328,6 +330,7 @@ def test_a_recipe_without_a_base_model_says_which_to_bring(tmp_path, capsys):
 def test_the_other_commands_take_an_openenv_environment(tmp_path, capsys):
     """prompts write writes the first observations with their seeds; sft and model build,
     which need the rule's right moves, say in one line which hook it lacks."""
+    from openenv_examples import ToolEnv
     spec = "openenv:openenv_examples:tool_app?prompts=6"
     out = tmp_path / "prompts.jsonl"
     assert main(["prompts", "write", str(out), "--prompts", "6", "--env", spec]) == 0
