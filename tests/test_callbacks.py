@@ -46,12 +46,19 @@ def store(tmp_path):
         yield opened
 
 
+def unfinished_run(name, store):
+    """A run these tests leave unfinished, without a heartbeat thread: one would go on
+    beating after the test closed its store and print "could not send a heartbeat" from
+    the worker minutes later."""
+    return open_run(name, {}, store=store, heartbeat_seconds=None)
+
+
 def logged(store, run):
     return {name: store.metric_series(run, name)["values"] for name in store.metric_names(run)}
 
 
 def test_grpo_metrics_arrive_under_stable_names(args, store):
-    callback = TrainerCallback(open_run("grpo", {}, store=store))
+    callback = TrainerCallback(unfinished_run("grpo", store))
     state = TrainerState(global_step=7, max_steps=40)
     callback.on_log(args, state, TrainerControl(), logs=GRPO_LOGS)
     metrics = logged(store, "grpo")
@@ -70,7 +77,7 @@ def test_grpo_metrics_arrive_under_stable_names(args, store):
 
 
 def test_dpo_margins_accuracies_and_log_probabilities_are_all_kept(args, store):
-    callback = TrainerCallback(open_run("dpo", {}, store=store))
+    callback = TrainerCallback(unfinished_run("dpo", store))
     callback.on_log(args, TrainerState(global_step=3, max_steps=10), TrainerControl(),
                     logs=DPO_LOGS)
     metrics = logged(store, "dpo")
@@ -120,7 +127,7 @@ class FakeClock:
 
 def test_progress_reports_an_eta_from_the_step_time_after_warm_up(args, store):
     clock = FakeClock()
-    callback = TrainerCallback(open_run("eta", {}, store=store), clock=clock)
+    callback = TrainerCallback(unfinished_run("eta", store), clock=clock)
     state, control = TrainerState(global_step=0, max_steps=10), TrainerControl()
     callback.on_train_begin(args, state, control)
     for step, moment in ((1, 10.0), (2, 12.0), (3, 14.0)):  # step 1 is slow (warm-up)
@@ -132,13 +139,13 @@ def test_progress_reports_an_eta_from_the_step_time_after_warm_up(args, store):
 
 
 def test_total_steps_given_to_the_callback_wins_over_max_steps(args, store):
-    callback = TrainerCallback(open_run("total", {}, store=store), total_steps=25)
+    callback = TrainerCallback(unfinished_run("total", store), total_steps=25)
     callback.on_step_end(args, TrainerState(global_step=1, max_steps=999), TrainerControl())
     assert store.get_run("total")["progress"]["total"] == 25
 
 
 def test_only_the_main_process_writes(args, store):
-    callback = TrainerCallback(open_run("worker", {}, store=store))
+    callback = TrainerCallback(unfinished_run("worker", store))
     state = TrainerState(global_step=2, max_steps=10, is_world_process_zero=False)
     callback.on_log(args, state, TrainerControl(), logs=GRPO_LOGS)
     callback.on_step_end(args, state, TrainerControl())
