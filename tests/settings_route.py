@@ -5,9 +5,10 @@ A reader follows a run from ``run_<recipe>`` to the training step by following t
 settings: which functions are they handed to, in which module, in what order? This
 records exactly that with ``sys.setprofile``: every call of a posttrain function that
 receives a recipe's settings object (a ``RecipeSettings``, the cold start's SFT settings
-included) as an argument, from the route's first function to the step, grouped into
-visits of modules. A visit to a module the route had already left is a *return*: the
-reader has to go back to a file they were done with.
+included) or the run's plan, which carries them (``posttrain.train.plan``), as an
+argument, from the route's first function to the step, grouped into visits of modules.
+A visit to a module the route had already left is a *return*: the reader has to go back
+to a file they were done with.
 
 By default a method of the settings themselves (``settings.check()``,
 ``settings.name_run_for(...)``: ``self`` is the settings) is not a hand-over: the
@@ -35,6 +36,8 @@ from typing import Any
 
 import posttrain
 from posttrain.cli import main as posttrain_main
+from posttrain.train.grpo.plan import GRPOPlan
+from posttrain.train.plan import TrainerPlan
 from posttrain.train.settings import RecipeSettings
 
 PACKAGE = str(Path(posttrain.__file__).parent) + os.sep
@@ -83,10 +86,16 @@ class SettingsRoute:
         return "\n".join(lines)
 
 
+def _carries_settings(value: Any) -> bool:
+    """The settings themselves, or a run's plan (``posttrain.train.plan``), which carries
+    the settings as planned (the step takes the plan)."""
+    return isinstance(value, (RecipeSettings, TrainerPlan, GRPOPlan))
+
+
 def _settings_given(frame: FrameType, own_methods: bool) -> bool:
     code = frame.f_code
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-    given = [name for name in names if isinstance(frame.f_locals.get(name), RecipeSettings)]
+    given = [name for name in names if _carries_settings(frame.f_locals.get(name))]
     if not own_methods and given == ["self"]:
         return False
     return bool(given)

@@ -53,11 +53,12 @@ def test_the_signal_counts_passes_and_groups_scored_alike():
     assert (single.groups, single.passed, single.words()) == (0, 1, "off_topic 1/2 passed")
 
 
-def test_auto_cold_starts_when_a_category_never_passes():
-    base = rows("with_id", [[0.3] * 4] * 3) + rows("no_id", [[1.0, 0.2, 0.2, 1.0]] * 2)
+def test_auto_cold_starts_when_a_category_is_shown_to_pass_almost_never():
+    # 60 replies, none passed: the pass rate's upper bound (0.049) is under the mark
+    base = rows("with_id", [[0.3] * 4] * 15) + rows("no_id", [[1.0, 0.2, 0.2, 1.0]] * 2)
     choice = choose_cold_start("auto", REFUND, base)
     assert choice.run
-    assert "with_id 0/12 passed, 3 of 3 groups all alike" in choice.reason
+    assert "with_id 0/60 passed, 15 of 15 groups all alike" in choice.reason
     assert "no_id" not in choice.reason  # it passes: not why
     recorded = choice.to_dict()
     assert recorded["run"] is True and {s["name"] for s in recorded["signal"]} == {
@@ -83,7 +84,7 @@ def test_auto_without_a_reference_agent_says_so_and_trains_from_the_base(tmp_pat
     (tmp_path / "noref_env.py").write_text(NO_REFERENCE_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     env = get_env("noref_env:ENV")
-    choice = choose_cold_start("auto", env, rows("with_id", [[0.0, 0.3]] * 3))
+    choice = choose_cold_start("auto", env, rows("with_id", [[0.0, 0.3]] * 30))
     assert not choice.run
     assert "no reference agent to cold-start from; RL runs from the base" in choice.reason
 

@@ -25,10 +25,11 @@ from tests.test_cold_start import REFUND, rows
 
 # the library example's base (RESULTS LA): the tool categories never pass and every group
 # of theirs scored alike; chitchat passes
-ABSENT = (rows("with_id", [[0.0] * 4] * 3) + rows("no_id", [[1.0, 0.0, 1.0, 1.0]] * 2))
+# (15 groups of 4: enough replies to show the pass rate low, enough groups to read "alike")
+ABSENT = (rows("with_id", [[0.0] * 4] * 15) + rows("no_id", [[1.0, 0.0, 1.0, 1.0]] * 2))
 # the refund base (RESULTS F, G, I): with_id never passes, but its replies score
 # differently (asking for the id earns part of the reward) in some groups
-PARTIAL = (rows("with_id", [[0.3] * 4, [0.0, 0.3, 0.3, 0.3], [0.3] * 4])
+PARTIAL = (rows("with_id", [[0.3] * 4, [0.0, 0.3, 0.3, 0.3], [0.3] * 4] * 5)
            + rows("no_id", [[1.0, 0.2, 1.0, 1.0]] * 2))
 
 
@@ -49,7 +50,7 @@ def test_auto_is_full_when_the_base_s_replies_score_differently():
     name, reason = choose_cold_start_shape("auto", choice)
     assert name == "full" and "score differently" in reason  # ... the full one
     # one sample a prompt: no groups to read, so nothing says the move is absent
-    single = choose_cold_start("auto", REFUND, rows("with_id", [[0.0]] * 4))
+    single = choose_cold_start("auto", REFUND, rows("with_id", [[0.0]] * 60))
     assert single.run and choose_cold_start_shape("auto", single)[0] == "full"
 
 
@@ -146,14 +147,16 @@ def test_a_light_run_says_its_shape_and_records_what_it_set(starter_2m_folder, t
     # the run's notes in the store say it too (its record keeps the settings it opened with)
     with SqliteRunStore(runs / "posttrain.db") as store:
         notes = [note["text"] for note in store.get_run("light")["notes"]]
-    assert any(text.startswith("cold start shape: light") for text in notes), notes
+    assert any(text.startswith("plan: cold start shape: light") for text in notes), notes
     settings = config["settings"]
     assert (settings["temperature"], settings["beta"], settings["balance"],
             settings["cold_start_steps"], settings["cold_start_shape"]) == (
         1.2, 0.2, 0.33, 2, "light")
-    # the data counts are the balanced train's (minority categories repeated: none under
-    # a fifth once the later ones are added in name order)
-    train = config["data"]["train"]
+    # RL's train prompts as planned: balanced (minority categories repeated: none under a
+    # fifth once the later ones are added in name order); the data phase's counts are
+    # left as they were
+    train = config["train_prompts"]
+    assert config["data"]["train"]["prompts"] < train["prompts"]
     assert f" -> {train['prompts']} (no_id {train['no_id']}, off_topic {train['off_topic']}, " \
         f"with_id {train['with_id']})" in out
     assert min(train[name] for name in ("with_id", "no_id", "off_topic")) \

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from posttrain.ui.announce import ANNOUNCE_FILENAME, announce_dashboard, local_dashboard_url
+from posttrain.runs.dashboard_link import ANNOUNCE_FILENAME, announce_dashboard, local_dashboard_url
 
 
 def test_announced_url_is_found_while_the_block_runs_and_removed_after(tmp_path):

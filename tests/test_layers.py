@@ -227,7 +227,68 @@ def test_the_loop_finder_sees_a_face_loop(tmp_path):
     assert _loops(graph) == [["posttrain.pack", "posttrain.pack.inner"]]
 
 
-@pytest.mark.parametrize("face", ["posttrain", "posttrain.service", "posttrain.service.engine"])
+def _top_level_imports(path: Path) -> set[str]:
+    """The modules a file imports when it is imported (not inside a function)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_package_face_loads_its_own_submodules():
+    """Python runs a package's ``__init__`` before any module under it: a face that
+    imports its own submodules loads them for whoever imports any one of them (importing
+    ``posttrain.envs.base`` loaded the 16 ecosystem adapters) and forms a loop with them.
+    Every face re-exports lazily (``posttrain.lazy_exports``)."""
+    modules = _module_names(ROOT)
+    eager = {}
+    for name, path in modules.items():
+        if path.name != "__init__.py":
+            continue
+        # the helper every face is made with imports nothing of the package
+        own = sorted(module for module in _top_level_imports(path)
+                     if module.startswith(f"{name}.") and module in modules
+                     and module != "posttrain.lazy_exports")
+        if own:
+            eager[name] = own
+    assert eager == {}
+
+
+def _posttrain_modules_loaded_by(module: str) -> list[str]:
+    """The posttrain modules a fresh interpreter holds after ``import module``."""
+    code = (f"import sys, json\nimport {module}\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('posttrain'))))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("module, not_loaded", [
+    # the trainer knows the run store, not the dashboard: the run's page comes from the
+    # runs folder (posttrain.runs.dashboard_link), never from importing the dashboard
+    ("posttrain.train.grpo.trainer", ("posttrain.ui", "posttrain.runs.server")),
+    # the environment contract loads no adapter of another library's environments
+    ("posttrain.envs.base", ("posttrain.envs.ecosystem",)),
+    # a rule loads its own modules and the contract, no registry of every other rule
+    ("posttrain.envs.refund.rule", ("posttrain.envs.ecosystem", "posttrain.envs.registry",
+                                    "posttrain.envs.refund_multiturn")),
+])
+def test_a_module_loads_only_what_it_names(module, not_loaded):
+    loaded = _posttrain_modules_loaded_by(module)
+    assert module in loaded
+    assert [name for name in loaded if name.startswith(not_loaded)] == []
+
+
+@pytest.mark.parametrize("face", ["posttrain", "posttrain.service", "posttrain.service.engine",
+                                  "posttrain.envs", "posttrain.envs.ecosystem",
+                                  "posttrain.envs.refund", "posttrain.envs.refund_multiturn",
+                                  "posttrain.service.client", "posttrain.ui"])
 def test_every_lazy_export_resolves(face):
     """Each name a package face exports lazily is defined where its table says."""
     package = importlib.import_module(face)

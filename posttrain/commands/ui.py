@@ -13,9 +13,9 @@ from posttrain.commands.dataclass_args import whole_number
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import is_loopback
 from posttrain.interrupts import interruptible
+from posttrain.runs.dashboard_link import announce_dashboard
 from posttrain.runs.folder import runs_root
 from posttrain.runs.store import DB_FILENAME, STORE_HELP, TOKEN_ENV, store_spec
-from posttrain.ui.announce import announce_dashboard
 from posttrain.ui.app import dashboard_server
 
 DESCRIPTION = """\

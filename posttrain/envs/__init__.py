@@ -1,42 +1,19 @@
-"""Environments. ``get_env(name)`` returns one by name or ``module:attribute``."""
+"""Environments. ``get_env(name)`` returns one by name or ``module:attribute``
+(``registry``); the contract is ``base``. Each name is imported on first use, so that
+importing one module of the package (``posttrain.envs.base``, say) loads no other."""
 
 from __future__ import annotations
 
-from posttrain.envs.base import Env, check_env, passes, rewarded_features
-from posttrain.envs.ecosystem import ecosystem_env
-from posttrain.errors import PosttrainError
-from posttrain.plugins import load_object
+from posttrain.lazy_exports import lazy_face
 
-# built-in environments: name -> "module:attribute"
-BUILTIN_ENVS = {
-    "refund": "posttrain.envs.refund:REFUND_ENV",
-    "refund-multiturn": "posttrain.envs.refund_multiturn:REFUND_MULTITURN_ENV",
+_EXPORTS = {
+    "BUILTIN_ENVS": "posttrain.envs.registry",
+    "DEFAULT_ENV": "posttrain.envs.registry",
+    "get_env": "posttrain.envs.registry",
+    "Env": "posttrain.envs.base",
+    "passes": "posttrain.envs.base",
+    "rewarded_features": "posttrain.envs.base",
 }
-#: what every command uses without --env
-DEFAULT_ENV = "refund"
 
-
-def get_env(name: str = DEFAULT_ENV) -> Env:
-    """Return the environment called ``name``.
-
-    ``name`` is a built-in name (``refund``), ``package.module:attribute`` or
-    ``path/to/file.py:attribute`` for a user's own environment object, or an environment
-    another library loads (``verifiers:ENV_ID``, ``inspect:PKG/TASK``;
-    ``posttrain.envs.ecosystem``). Raises ``PosttrainError`` naming the choices, or what a
-    user's object lacks.
-    """
-    loaded = ecosystem_env(name)
-    if loaded is None:
-        target = BUILTIN_ENVS.get(name, name)
-        if ":" not in target:
-            known = ", ".join(sorted(BUILTIN_ENVS))
-            raise PosttrainError(
-                f"unknown environment {name!r}: use one of {known}, module:attribute "
-                "(or file.py:attribute), verifiers:ENV_ID, or inspect:PKG/TASK "
-                "(inspect:FILE.py@TASK)"
-            )
-        loaded = load_object(target, "--env", "my_rules.py:ENV")
-    return check_env(loaded, f"--env {name!r}")
-
-
-__all__ = ["BUILTIN_ENVS", "DEFAULT_ENV", "Env", "get_env", "passes", "rewarded_features"]
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

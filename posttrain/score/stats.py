@@ -258,6 +258,35 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     return max(0.0, centre - half_width), min(1.0, centre + half_width)
 
 
+def clopper_pearson_upper(successes: int, n: int, level: float = 0.95) -> float:
+    """The exact (Clopper-Pearson) one-sided upper bound of a rate seen as ``successes``
+    of ``n`` independent trials: the largest rate under which so few successes still
+    happen with probability ``1 - level``. 0 of n gives ``1 - (1 - level) ** (1 / n)``
+    (about 3/n at 95%, the "rule of three"); n of n gives 1. Conservative: the true rate
+    is under it at least ``level`` of the time."""
+    if n <= 0:
+        raise ValueError(f"clopper_pearson_upper: n must be positive, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"clopper_pearson_upper: successes must be in [0, {n}], "
+                         f"got {successes}")
+    if not 0 < level < 1:
+        raise ValueError(f"clopper_pearson_upper: level must be in (0, 1), got {level}")
+    if successes == n:
+        return 1.0
+    if successes == 0:  # closed form; the bisection below agrees to its tolerance
+        return 1.0 - (1.0 - level) ** (1.0 / n)
+    # P(X <= successes; n, p) = 1 - I_p(successes + 1, n - successes), decreasing in p:
+    # the bound is where it falls to 1 - level
+    low, high = successes / n, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if regularized_incomplete_beta(successes + 1, n - successes, middle) < level:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
     """mean +- t_{n-1} * SE (ddof=1): the small-sample interval of a mean.
 

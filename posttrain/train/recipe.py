@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic
 
+from posttrain.cpu_numerics import describe_process_numerics
 from posttrain.data.prepare import PreparedData, prepare_data
 from posttrain.envs import get_env
 from posttrain.envs.base import Env, check_default_base_model, env_name, own_starter_model
@@ -52,6 +53,7 @@ from posttrain.errors import PosttrainError
 from posttrain.interrupts import handled
 from posttrain.policy.loading import load_policy
 from posttrain.policy.models import Policy, load_adapter, merge_adapter, parameter_count
+from posttrain.runs.dashboard_link import local_dashboard_url
 from posttrain.runs.folder import (
     NewRun,
     RunFolder,
@@ -68,10 +70,10 @@ from posttrain.score.guards import choose_guards
 from posttrain.train import distributed
 from posttrain.train.context import RecipeContext, SettingsT, TrainOutcome
 from posttrain.train.distributed import Ranks
-from posttrain.train.measure import PolicyEvaluation, evaluate_policy, finish_summary
+from posttrain.train.measure import PolicyEvaluation, evaluate_policy
 from posttrain.train.rewards import RuleReward, load_reward_function
 from posttrain.train.settings import RecipeSettings, check_before_loading
-from posttrain.ui.announce import local_dashboard_url
+from posttrain.train.summary import finish_run
 
 #: the base model of a recipe whose environment names no starter of its own
 DEFAULT_STARTER = "starter"
@@ -195,6 +197,7 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
             "from_run": from_run_path,
             "world_size": ranks.world,
             "launcher": distributed.launcher(),
+            "numerics": process_numerics(),
             **settings.resolved_defaults(parameters),
         },
         "data": {"source": data.source, "split": data.split, **data.counts()},
@@ -225,14 +228,14 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
     return context
 
 
-def record_in_config(context: RecipeContext[Any], key: str, value: Any) -> None:
-    """Add what the run decided after it loaded (a GRPO run's cold start) to its
-    ``config.json`` under ``key``."""
+def record_in_config(context: RecipeContext[Any], **entries: Any) -> None:
+    """Add what the run decided after it loaded (its plan, ``posttrain.train.plan``) to
+    its ``config.json``, one entry a keyword, in one write."""
     import json
 
     path = context.folder.file("config.json")
     config = json.loads(path.read_text())
-    config[key] = value
+    config.update(entries)
     context.folder.write_json("config.json", config)
 
 
@@ -285,10 +288,19 @@ def evaluate_base(context: RecipeContext[Any], repeats: int, *,
     return before
 
 
+def evaluate_base_to(context: RecipeContext[Any], first: PolicyEvaluation,
+                     evaluations: int) -> PolicyEvaluation:
+    """The base's ``first`` evaluation followed by its later repeats, ``evaluations`` in
+    all (GRPO reads the first alone for its plan, which says how many the run takes)."""
+    if evaluations <= 1:
+        return first
+    return first.joined(evaluate_base(context, evaluations - 1, first_repeat=1))
+
+
 def settle_baseline(context: RecipeContext[Any], before: PolicyEvaluation) -> PolicyEvaluation:
     """The base policy's rows kept (``holdout_before.jsonl`` and ``context.before_rows``)
-    and said, then the training reward's audit on those rows, said and noted in the run,
-    and the guards those rows allow."""
+    and said, then the training reward's audit on those rows, said and noted in the run.
+    The guards those rows allow are the plan's to say (``posttrain.train.plan``)."""
     context.before_rows = before.rows
     context.folder.write_rows("holdout_before.jsonl", before.rows)
     context.say(f"before  {before.describe()}")
@@ -296,7 +308,6 @@ def settle_baseline(context: RecipeContext[Any], before: PolicyEvaluation) -> Po
     context.say(audit.format())
     for sentence in audit.described():
         context.run.note(f"reward audit: {sentence}")
-    say_guards(context, before.rows)
     return before
 
 
@@ -376,9 +387,9 @@ def finishing(context: RecipeContext[Any]) -> Iterator[Measured]:
         if error is not None:
             summary["error"] = error
         context.timings["total_s"] = time.monotonic() - context.started
-        measured.summary = finish_summary(context, summary, measured.before, measured.after,
-                                          measured.outcome, context.timings,
-                                          cold_start=measured.cold_start)
+        measured.summary = finish_run(context, summary, measured.before, measured.after,
+                                      measured.outcome, context.timings,
+                                      cold_start=measured.cold_start)
         status = measured.summary["status"]
         context.run.finish(measured.summary, status=status)
         if context.claim is not None and context.claim.finish(succeeded=status == "done"):
@@ -388,6 +399,15 @@ def finishing(context: RecipeContext[Any]) -> Iterator[Measured]:
                         + ")")
         elif not context.ranks.is_main:  # another process's scratch run folder: not kept
             shutil.rmtree(context.folder.path, ignore_errors=True)
+
+
+def process_numerics() -> dict[str, Any]:
+    """What decides this process's bits (``posttrain.cpu_numerics``): the variables as
+    set, the kernels torch chose and its thread count."""
+    import torch
+
+    return {**describe_process_numerics(), "cpu_capability":
+            torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads()}
 
 
 def _versions() -> dict[str, str]:

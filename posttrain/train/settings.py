@@ -208,6 +208,12 @@ class RecipeSettings(DataFlags):
                           "more; fp32 otherwise); the run says which and why",
                   "choices": PRECISIONS},
     )
+    plan_only: bool = field(
+        default=False,
+        metadata={"help": "stop after the run's plan: the base is evaluated once, every "
+                          "automatic choice (cold start, precision, rollouts, guards, ...) is "
+                          "made and printed with its evidence, and nothing trains"},
+    )
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank r"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
     # the fields set on the command line or in --config (``settings_from_args`` fills it):

@@ -95,7 +95,8 @@ def _graded_rows(categories: tuple[tuple[str, int, float, float], ...], side: in
 
 
 def _measured(categories: tuple[tuple[str, int, float, float], ...], seed: int) -> dict[str, Any]:
-    """The before/after part of a summary, computed the way ``finish_summary`` does."""
+    """The before/after part of a summary, computed the way
+    ``posttrain.train.summary.summarize`` does."""
     rng = random.Random(seed)
     before_runs = [_graded_rows(categories, 0, rng, eval_run=repeat) for repeat in range(2)]
     after = _graded_rows(categories, 1, rng)

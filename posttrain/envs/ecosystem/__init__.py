@@ -2,15 +2,23 @@
 ``--env inspect:PKG/TASK`` or ``inspect:FILE.py@TASK`` (``inspect_env``) and ``--env
 openenv:URL`` or ``openenv:MODULE:APP`` (``openenv_env``).
 
-``ecosystem_env(name)`` builds one from its spec (``spec``: ``LIBRARY:TARGET?ARGS``), or
-returns None when ``name`` names no library. The libraries are optional (the
-``ecosystem`` extra) and imported only when such an environment is asked for (inside
-the adapters, never at import time).
+``ecosystem_env(name)`` (``adapters``) builds one from its spec (``spec``:
+``LIBRARY:TARGET?ARGS``), or returns None when ``name`` names no library. The libraries
+are optional (the ``ecosystem`` extra) and imported only when such an environment is
+asked for (inside the adapters, never at import time); the names here are imported on
+first use, so that ``spec`` loads no adapter.
 """
 
 from __future__ import annotations
 
-from posttrain.envs.ecosystem.adapters import ecosystem_env, verifiers_environment
-from posttrain.envs.ecosystem.spec import parse_env_spec, with_env_args
+from posttrain.lazy_exports import lazy_face
 
-__all__ = ["ecosystem_env", "parse_env_spec", "verifiers_environment", "with_env_args"]
+_EXPORTS = {
+    "ecosystem_env": "posttrain.envs.ecosystem.adapters",
+    "verifiers_environment": "posttrain.envs.ecosystem.adapters",
+    "parse_env_spec": "posttrain.envs.ecosystem.spec",
+    "with_env_args": "posttrain.envs.ecosystem.spec",
+}
+
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -25,13 +25,13 @@ from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
 from posttrain.policy.models import Policy, lora_config, parameter_count, save_policy
 from posttrain.policy.sampler import SamplingParams
 from posttrain.progress import progress_bar
-from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.distributed import Ranks, gather_all, shard
 from posttrain.train.dpo.settings import DPOSettings, dpo_config_kwargs
-from posttrain.train.precision import PrecisionChoice, precision_for
+from posttrain.train.plan import TrainerPlan
+from posttrain.train.precision import PrecisionChoice
 from posttrain.train.training_data.pairs import (
     Pair,
     PairReport,
@@ -169,10 +169,12 @@ def build_dpo_trainer(
     return trainer
 
 
-def train_dpo(context: RecipeContext[DPOSettings], settings: DPOSettings) -> TrainOutcome:
+def train_dpo(context: RecipeContext[DPOSettings], plan: TrainerPlan[DPOSettings]
+              ) -> TrainOutcome:
     """The DPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the preference
-    pairs (from ``--pairs`` or sampled from the base policy), the DPO trainer run on them,
-    the adapter saved."""
+    pairs (from ``--pairs`` or sampled from the base policy), the DPO trainer run on them
+    in the plan's precision, the adapter saved."""
+    settings, precision = plan.settings, plan.precision
     learning_rate = context.learning_rate
     if settings.from_run:
         # the policy is the earlier run's adapter merged into its base: keep it, so a
@@ -204,9 +206,6 @@ def train_dpo(context: RecipeContext[DPOSettings], settings: DPOSettings) -> Tra
         TrainerCallback(context.run, total_steps=settings.steps),
         ConsoleProgress("training", enabled=context.ranks.is_main),
     ]
-    precision = precision_for(settings.precision, context.policy, say=context.say)
-    recipe.record_in_config(context, "precision", precision.to_dict())
-    context.say(f"trainer in {precision.words()}")
     trainer = build_dpo_trainer(context.policy, pairs, settings, learning_rate, callbacks,
                                 output_dir=settings.trainer_output_dir(context.folder),
                                 world_size=context.ranks.world, precision=precision)

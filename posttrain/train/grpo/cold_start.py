@@ -6,9 +6,10 @@ tool: none of its with-id replies pass, every group scores alike) gives RL nothi
 reinforce there. The field's answer, and ours, is a short supervised run on the
 environment's reference agent first, in the same run:
 
-1. ``cold_start_choice.choose_cold_start`` reads the base policy's holdout rows (the
-   baseline phase's) and says whether to cold-start, and why;
-2. ``run_cold_start``: SFT with a fresh LoRA adapter on the reference agent's passing
+1. ``cold_start_choice.choose_cold_start`` reads the base policy's first holdout
+   evaluation and says whether to cold-start, and why: part of the run's plan
+   (``plan.py``), with the shape (``cold_start_shape``) and the precision;
+2. ``run_cold_start(context, plan)``: SFT with a fresh LoRA adapter on the reference agent's passing
    replies to the *train* prompts (``posttrain.train.sft``'s trainer and data), the
    adapter merged into the policy (saved as ``merged/``, where ``--from-run`` looks), the
    merged policy evaluated on the holdout like the base was. RL then starts from it, and
@@ -28,8 +29,8 @@ from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext
 from posttrain.train.fused_head import labelled_positions_only
 from posttrain.train.grpo.cold_start_check import ColdStartCheck, check_prompts, first_check_step
+from posttrain.train.grpo.plan import GRPOPlan
 from posttrain.train.measure import PolicyEvaluation, evaluate_policy, evaluation_sampling
-from posttrain.train.precision import precision_for
 from posttrain.train.recipe import say_guards
 from posttrain.train.settings import rate_for_size
 from posttrain.train.sft.settings import SFTSettings
@@ -89,10 +90,12 @@ def until_check(context: RecipeContext[Any], settings: Any) -> ColdStartCheck:
         say=context.say)
 
 
-def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
+def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     """SFT on the reference agent's replies to the train prompts, merged into
     ``context.policy`` (saved as ``merged/``), then evaluated on the holdout
-    ``eval_repeats`` times; ``context.before_rows`` becomes those rows, RL's baseline."""
+    ``eval_repeats`` times; ``context.before_rows`` becomes those rows, RL's baseline.
+    The settings (steps, early stop, balance, rate) and the precision are the plan's."""
+    settings = plan.settings
     # what the GRPO settings make of it: SFT's settings, a rate and the early stop
     sft = cold_start_settings(settings)
     learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
@@ -104,7 +107,7 @@ def run_cold_start(context: RecipeContext[Any], settings: Any) -> ColdStart:
     demos, report = gather_demos(context, sft, train)
     write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
     context.say(f"cold start: {report.describe()}")
-    precision = precision_for(sft.precision, context.policy, say=context.say)
+    precision = plan.precision
     until = (f"; stops once a train sample passes at {check.until:g} in every category "
              f"(checked every {check.every} steps from step "
              f"{first_check_step(check.steps, check.every)})" if check.active else "")

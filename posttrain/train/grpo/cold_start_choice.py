@@ -6,10 +6,17 @@ does what the rule pays for on some kind of prompt (SmolLM2-135M never calls the
 tool: none of its with-id replies pass, every group scores alike) gives RL nothing to
 reinforce there. ``read_signal`` reads the baseline phase's rows: per category, how many
 replies passed and how many groups (one prompt's samples in one evaluation) scored all
-alike. ``choose_cold_start``: ``sft`` always, ``none`` never, ``auto`` when some category
-has replies and none of them passed, the environment has a reference agent and the run
-does not start from ``--from-run`` (without a reference agent the run says it cannot
-cold-start and trains from the base).
+alike. ``choose_cold_start``: ``sft`` always, ``none`` never, ``auto`` when some category's
+pass rate is *shown* low, the environment has a reference agent and the run does not start
+from ``--from-run`` (without a reference agent the run says it cannot cold-start and trains
+from the base).
+
+Shown low, not seen low: a category passing 0 of 3 holdout replies says little (another
+CPU's rounding passes 1 of 3, and the run would be another run). A category is shown low
+when the upper end of its exact one-sided 95% interval (Clopper-Pearson, the replies taken
+as independent draws) is under ``LOW_PASS_MARK``: 0 passed needs 59 replies. With fewer
+replies than that, ``auto`` keeps its default (no cold start) and says which counts were
+too few and how many it needs ("too few replies to decide: no_id 0 of 3, 59 needed").
 """
 
 from __future__ import annotations
@@ -19,8 +26,17 @@ from typing import Any
 
 from posttrain.envs.base import Env, ReferenceAgentSource, has_hook, is_multi_turn, require_hook
 from posttrain.errors import PosttrainError
+from posttrain.score.stats import clopper_pearson_upper
 
 COLD_STARTS = ("none", "auto", "sft")
+
+#: a category's pass rate is shown low when its one-sided interval's upper end is under
+#: this (at ``LOW_PASS_CONFIDENCE``): RL then draws a passing reply in fewer than one
+#: group of 8 in 2.5 (1 - 0.95**8 = 0.34 of groups at most have any signal)
+LOW_PASS_MARK = 0.05
+LOW_PASS_CONFIDENCE = 0.95
+#: where ``replies_needed`` stops counting (a rate just under the mark needs millions)
+MOST_REPLIES_NEEDED = 1_000_000
 
 
 @dataclass
@@ -36,6 +52,41 @@ class CategorySignal:
     def words(self) -> str:
         alike = f", {self.all_equal} of {self.groups} groups all alike" if self.groups else ""
         return f"{self.name} {self.passed}/{self.replies} passed{alike}"
+
+    def pass_upper_bound(self) -> float:
+        """The upper end of the pass rate's one-sided interval (1.0 with no replies)."""
+        if not self.replies:
+            return 1.0
+        return clopper_pearson_upper(self.passed, self.replies, LOW_PASS_CONFIDENCE)
+
+    def shown_low(self) -> bool:
+        """Whether the replies show the pass rate under ``LOW_PASS_MARK``."""
+        return self.pass_upper_bound() < LOW_PASS_MARK
+
+    def seen_low(self) -> bool:
+        """Whether the rate seen is under the mark, shown or not (the replies might show it
+        with more of them)."""
+        return bool(self.replies) and self.passed / self.replies < LOW_PASS_MARK
+
+    def replies_needed(self) -> int:
+        """The fewest replies that would show this category low at its pass rate so far
+        (0 passed: 59)."""
+        rate = self.passed / self.replies if self.replies else 0.0
+
+        def shows(count: int) -> bool:
+            return clopper_pearson_upper(round(rate * count), count,
+                                         LOW_PASS_CONFIDENCE) < LOW_PASS_MARK
+
+        # doubling, then halving the gap: a rate near the mark needs very many replies
+        low, high = max(self.replies, 1) - 1, max(self.replies, 1)
+        while not shows(high):
+            if high >= MOST_REPLIES_NEEDED:
+                return MOST_REPLIES_NEEDED
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if shows(middle) else (middle, high)
+        return high
 
 
 def read_signal(rows: list[dict[str, Any]]) -> list[CategorySignal]:
@@ -99,12 +150,20 @@ def choose_cold_start(asked: str, env: Env, base_rows: list[dict[str, Any]],
     if from_run:
         return ColdStartChoice(False, f"auto: the run starts from --from-run {from_run}",
                                signal)
-    silent = [category for category in signal if category.replies and not category.passed]
-    if not silent:
+    low = [category for category in signal if category.shown_low()]
+    if not low:
+        unsure = [category for category in signal if category.seen_low()]
+        if unsure:
+            return ColdStartChoice(
+                False, "auto: too few replies to decide: " + "; ".join(
+                    f"{category.name} {category.passed} of {category.replies}, "
+                    f"{category.replies_needed()} needed" for category in unsure)
+                + f" to show a pass rate under {LOW_PASS_MARK:g}; RL runs from the base",
+                signal)
         return ColdStartChoice(False, "auto: the base policy passes on every category ("
                                + "; ".join(category.words() for category in signal) + ")",
                                signal)
-    nothing = "; ".join(category.words() for category in silent)
+    nothing = "; ".join(category.words() for category in low)
     if not has_reference_agent(env):
         return ColdStartChoice(
             False, f"auto: the base policy gives RL nothing to reinforce ({nothing}), but "

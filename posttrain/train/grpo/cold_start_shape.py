@@ -21,23 +21,27 @@ of base policy want two different cold starts:
   three training seeds with no category down (LM, LL, LN).
 
 ``auto`` (the default) is ``light`` when a cold start runs and some category the base
-never passes scored every one of its groups alike, else ``full``. A setting the user gave
+never passes scored every one of its groups alike, else ``full``. "Every group" counts only
+from ``MIN_GROUPS`` groups on: with fewer (the suite's tiny configs: 3 prompts, 2 replies
+each) the run keeps ``full`` and says which counts were too few. A setting the user gave
 (on the command line, in ``--config``, or a value other than the field's default) is never
-replaced; the run says which it kept.
+replaced; the run says which it kept. The run's plan (``plan.py``) applies the shape: this
+module changes no run.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from posttrain.data.prompts import balance
-from posttrain.train import recipe
-from posttrain.train.context import RecipeContext
 from posttrain.train.grpo.cold_start_choice import ColdStartChoice
 
 COLD_START_SHAPES = ("auto", "full", "light")
+
+#: the fewest groups (one prompt's replies in one evaluation) of a category before "every
+#: group scored alike" says the move is absent (the library base: 34 of 34 and 25 of 25)
+MIN_GROUPS = 10
 
 #: The light shape's settings (benchmarks/RESULTS.md, LL, LM, LN).
 LIGHT_SHAPE: dict[str, float | int] = {
@@ -59,13 +63,18 @@ class ColdStartShape:
     applied: dict[str, Any] = field(default_factory=dict)  # setting -> value it now has
     kept: list[str] = field(default_factory=list)  # the user's own settings it left alone
 
-    def words(self) -> str:
+    def changes(self) -> str:
+        """What the shape set and what it kept: "sets --beta 0.2; keeps your --balance"."""
         changed = ", ".join(f"--{key.replace('_', '-')} {value:g}"
                             for key, value in self.applied.items())
         kept = ", ".join(f"--{key.replace('_', '-')}" for key in self.kept)
-        return (f"cold start shape: {self.name} ({self.reason})"
-                + (f"; sets {changed}" if changed else "")
-                + (f"; keeps your {kept}" if kept else ""))
+        return "; ".join(part for part in (f"sets {changed}" if changed else "",
+                                           f"keeps your {kept}" if kept else "") if part)
+
+    def words(self) -> str:
+        changes = self.changes()
+        return f"cold start shape: {self.name} ({self.reason})" + (
+            f"; {changes}" if changes else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "reason": self.reason, "applied": dict(self.applied),
@@ -74,10 +83,19 @@ class ColdStartShape:
 
 def absent_moves(choice: ColdStartChoice) -> list[str]:
     """Categories the base never passes whose groups (two or more replies to one prompt in
-    one evaluation) all scored alike: nothing partial for RL, or a cold start, to grow."""
+    one evaluation, at least ``MIN_GROUPS`` of them) all scored alike: nothing partial for
+    RL, or a cold start, to grow."""
     return [category.name for category in choice.signal
             if category.replies and not category.passed
-            and category.groups and category.all_equal == category.groups]
+            and category.groups >= MIN_GROUPS and category.all_equal == category.groups]
+
+
+def too_few_groups(choice: ColdStartChoice) -> list[str]:
+    """Categories the base never passes whose groups all scored alike, but too few of them
+    to say so (``MIN_GROUPS``): "with_id 3 groups" each."""
+    return [f"{category.name} {category.groups} groups" for category in choice.signal
+            if category.replies and not category.passed
+            and 0 < category.groups < MIN_GROUPS and category.all_equal == category.groups]
 
 
 def choose_cold_start_shape(asked: str, choice: ColdStartChoice) -> tuple[str, str]:
@@ -92,6 +110,10 @@ def choose_cold_start_shape(asked: str, choice: ColdStartChoice) -> tuple[str, s
         return "light", (f"auto: the base scored every group of {', '.join(absent)} alike: "
                          "the move is absent, not partial, and a full cold start would learn it "
                          "outright and leave RL nothing to explore")
+    few = too_few_groups(choice)
+    if few:
+        return "full", (f"auto: too few groups to read the shape: {', '.join(few)}, "
+                        f"{MIN_GROUPS} needed; the default")
     return "full", ("auto: the base's replies score differently within every category it "
                     "does not pass")
 
@@ -126,27 +148,3 @@ def shaped_train(train: list[dict[str, Any]], shape: ColdStartShape) -> list[dic
     (the data phase balanced them already when the user did)."""
     share = shape.applied.get("balance", 0)
     return balance(train, share) if share else train
-
-
-def shape_run(context: RecipeContext[Any], settings: Any,
-              choice: ColdStartChoice) -> tuple[Any, ColdStartShape]:
-    """The run's settings and train prompts under its cold start shape
-    (``cold_start_shape``): said, and written to ``config.json`` so that ``--config`` on it
-    runs the same again."""
-    settings, shape = shape_settings(settings.cold_start_shape, choice, settings)
-    context.say(shape.words())
-    context.run.note(shape.words())  # the store's record keeps the settings it opened with
-    if shape.applied:
-        context.settings = settings
-        train = shaped_train(context.data.train, shape)
-        if train is not context.data.train:
-            counts = Counter(str(record["category"]) for record in train)
-            context.say(f"RL's train prompts balanced to {shape.applied['balance']:g} a "
-                        f"category: {len(context.data.train)} -> {len(train)} ("
-                        + ", ".join(f"{name} {counts[name]}" for name in sorted(counts)) + ")")
-            context.data = replace(context.data, train=train)
-        recipe.record_in_config(context, "settings", settings.to_config())
-        recipe.record_in_config(context, "data", {"source": context.data.source,
-                                                  "split": context.data.split,
-                                                  **context.data.counts()})
-    return settings, shape

@@ -15,35 +15,24 @@ from posttrain.envs.base import Env, case_of, is_multi_turn, reads_records
 from posttrain.policy.model_agent import default_batch_size, is_large_model
 from posttrain.policy.models import Policy, lora_config
 from posttrain.policy.tool_turns import enable_tool_turns
-from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
 from posttrain.train.grpo.monitor import HackMonitor, MonitorSettings
-from posttrain.train.grpo.rollout import (
-    DeadGroupRedraw,
-    RolloutChoice,
-    choose_rollout,
-    posttrain_rollout,
-)
+from posttrain.train.grpo.plan import GRPOPlan
+from posttrain.train.grpo.rollout import DeadGroupRedraw, RolloutChoice, posttrain_rollout
 from posttrain.train.grpo.settings import (
     GRPOSettings,
     gold_judge,
     grpo_config_kwargs,
 )
-from posttrain.train.grpo.shared_prefix import (
-    SharedPrefixChoice,
-    choose_shared_prefix,
-    share_prompt_prefix,
-)
+from posttrain.train.grpo.shared_prefix import SharedPrefixChoice, share_prompt_prefix
 from posttrain.train.grpo.signal_watch import SignalWatch
 from posttrain.train.grpo.step_phases import phase_shares, phases_line, time_phases
 from posttrain.train.measure import evaluation_sampling
-from posttrain.train.precision import PrecisionChoice, precision_for
+from posttrain.train.precision import PrecisionChoice
 from posttrain.train.rewards import RuleReward
 from posttrain.train.trl_run import quiet_transformers_warnings, train_and_save, trainer_outcome
-
-ROLLOUT_WORDS = {"trl": "TRL's generate", "posttrain": "posttrain's batched sampler"}
 
 
 def grpo_dataset(env: Env, records: list[dict[str, Any]]) -> Any:
@@ -147,20 +136,22 @@ def generation_share(history: list[dict[str, Any]]) -> float | None:
     return round(generating / stepping, 4) if generating and stepping else None
 
 
-def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
-               cold_started: bool = False) -> TrainOutcome:
+def train_grpo(context: RecipeContext[GRPOSettings], plan: GRPOPlan) -> TrainOutcome:
     """The GRPO recipe's own step (phase 4 of ``posttrain.train.recipe``): the GRPO
-    trainer built on the policy, run with the console, the run store, the no-signal watch
-    and the hack monitor; the adapter saved; what the run measured about its steps.
-    ``cold_started``: the run's cold start trained the policy first."""
-    reward: RuleReward = context.reward
+    trainer built on the policy as the run's plan says (``plan.py``: its settings, its
+    train prompts, its rollouts, precision and shared prefix), run with the console, the
+    run store, the no-signal watch and the hack monitor; the adapter saved; what the run
+    measured about its steps."""
+    settings, reward = plan.settings, context.reward
+    train = list(plan.train)
     store_callback = TrainerCallback(context.run, total_steps=settings.steps)
     signal_watch = SignalWatch(context.run, reward=reward,
                                stop_when_solved=settings.stop_when_solved, ranks=context.ranks,
-                               trained_before=cold_started or settings.from_run is not None,
+                               trained_before=(plan.cold_start.run
+                                               or settings.from_run is not None),
                                categories=frozenset(
                                    str(context.env.category(case_of(context.env, record)))
-                                   for record in context.data.train))
+                                   for record in train))
     main = context.ranks.is_main
     callbacks: list[Any] = [store_callback, ConsoleProgress("training", enabled=main),
                             signal_watch]
@@ -185,37 +176,26 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
             gold=gold_judge(settings, context.env) if settings.gold_endpoint else None,
         )
         callbacks.append(monitor)
-    rollout = choose_rollout(settings.rollout, use_vllm=settings.use_vllm,
-                             multi_turn=is_multi_turn(context.env),
-                             large_model=is_large_model(context.policy),
-                             redraws=settings.resample_dead_groups > 0)
-    redraw = (DeadGroupRedraw.for_run(settings.resample_dead_groups, context.env,
-                                      context.data.train, reward.score_reply)
+    redraw = (DeadGroupRedraw.for_run(settings.resample_dead_groups, context.env, train,
+                                      reward.score_reply)
               if settings.resample_dead_groups else None)
     context.say(
         f"training: GRPO, {settings.steps} steps x {settings.completions_per_step()} completions "
         f"({settings.num_generations} per prompt), loss {settings.loss_type}, beta {settings.beta}"
     )
-    precision = precision_for(settings.precision, context.policy, say=context.say)
-    recipe.record_in_config(context, "precision", precision.to_dict())
-    shared_prefix = choose_shared_prefix(settings.shared_prefix,
-                                         large_model=is_large_model(context.policy),
-                                         world_size=context.ranks.world)
-    context.say(f"rollouts: {ROLLOUT_WORDS[rollout.name]} ({rollout.reason}); trainer in "
-                f"{precision.words()}; {shared_prefix.words()}")
     trainer = build_grpo_trainer(
         context.policy,
         context.env,
-        context.data.train,
+        train,
         settings,
         context.learning_rate,
         callbacks,
         reward,
         output_dir=settings.trainer_output_dir(context.folder),
         world_size=context.ranks.world,
-        rollout=rollout,
-        precision=precision,
-        shared_prefix=shared_prefix,
+        rollout=plan.rollout,
+        precision=plan.precision,
+        shared_prefix=plan.shared_prefix,
         redraw=redraw,
     )
     trained = train_and_save(trainer, context)
@@ -229,11 +209,12 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
         context.say(signal_line)
     if redraw is not None:
         context.say(redraw.count.words())
-    share = generation_share(trainer.state.log_history)
+    history = trainer.state.log_history
+    share = generation_share(history)
     if share is not None:
         context.say(f"generation took {share:.0%} of the training steps' time"
                     + ("" if settings.use_vllm else " (--use-vllm speeds it up on a GPU)"))
-    shares = phase_shares(trainer.state.log_history)
+    shares = phase_shares(history)
     if shares is not None:
         context.say(phases_line(shares))
     # what TRL saw goes in too (trainer_outcome): 2 under torchrun, or the launch fell
@@ -243,11 +224,11 @@ def train_grpo(context: RecipeContext[GRPOSettings], settings: GRPOSettings, *,
         trained,
         {"monitor": monitor.summary() if monitor else None,
          "signal": signal_watch.summary(),
-         "generation_share": generation_share(trainer.state.log_history),
+         "generation_share": share,
          "step_phases": shares,
-         "rollout": {"sampler": rollout.name, "reason": rollout.reason},
-         "precision": precision.to_dict(),
-         "shared_prefix": {"on": shared_prefix.on, "reason": shared_prefix.reason},
+         "rollout": {"sampler": plan.rollout.name, "reason": plan.rollout.reason},
+         "precision": plan.precision.to_dict(),
+         "shared_prefix": {"on": plan.shared_prefix.on, "reason": plan.shared_prefix.reason},
          "dynamic_sampling": redraw.count.to_dict() if redraw is not None else None},
         stop_reason=stopped_by,
         alarms=[*(monitor.alarms if monitor else []), *signal_watch.alarms],

@@ -21,11 +21,11 @@ from posttrain.errors import PosttrainError
 from posttrain.policy.model_agent import is_large_model
 from posttrain.policy.models import Policy, lora_config
 from posttrain.progress import progress_bar
-from posttrain.train import recipe
 from posttrain.train.callbacks import TrainerCallback
 from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext, TrainOutcome
-from posttrain.train.precision import PrecisionChoice, precision_for
+from posttrain.train.plan import TrainerPlan
+from posttrain.train.precision import PrecisionChoice
 from posttrain.train.sft.settings import SFTSettings, sft_config_kwargs
 from posttrain.train.training_data.demos import (
     Demo,
@@ -109,10 +109,12 @@ def build_sft_trainer(policy: Policy, demos: list[Demo], settings: SFTSettings,
     return trainer
 
 
-def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> TrainOutcome:
+def train_sft(context: RecipeContext[SFTSettings], plan: TrainerPlan[SFTSettings]
+              ) -> TrainOutcome:
     """The SFT recipe's own step (phase 4 of ``posttrain.train.recipe``): the
     demonstrations (a file or the environment's reference agent), the SFT trainer run on
-    them, the adapter saved."""
+    them in the plan's precision, the adapter saved."""
+    settings, precision = plan.settings, plan.precision
     demos, report = gather_demos(context, settings)
     write_demos(demos, context.folder.file("demos.jsonl"))
     context.say(report.describe())
@@ -127,9 +129,6 @@ def train_sft(context: RecipeContext[SFTSettings], settings: SFTSettings) -> Tra
         f"training: SFT, {settings.steps} steps x {settings.batch_size} demonstrations "
         f"(~{epochs:.1f} passes over {len(demos)}{in_passes}), loss on the replies only"
     )
-    precision = precision_for(settings.precision, context.policy, say=context.say)
-    recipe.record_in_config(context, "precision", precision.to_dict())
-    context.say(f"trainer in {precision.words()}")
     callbacks = [TrainerCallback(context.run, total_steps=settings.steps),
                  ConsoleProgress("training", enabled=context.ranks.is_main)]
     trainer = build_sft_trainer(context.policy, demos, settings, context.learning_rate,

@@ -1,4 +1,5 @@
-"""Where a running local dashboard can be found, so a recipe can print its run page.
+"""Where a running local dashboard can be found, so a recipe can print its run page (the
+link comes from the runs folder: a recipe never imports the dashboard to find it).
 
 ``posttrain ui`` writes ``<runs>/dashboard.json`` (its URL and process id) while
 it serves that runs folder and removes it when it stops. A recipe started on the
