@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import NoReturn
 
+from posttrain.commands.cpu_flag import add_numerics_flag, set_up_cpu_from_args
 from posttrain.commands.env_flag import fold_env_args
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import SIGTERM_EXIT_CODE, Terminated, interruptible
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for command in subparsers.choices.values():  # every command: how torch computes
+        add_numerics_flag(command)
     return parser
 
 
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         fold_env_args(args)
+        # before anything loads torch: the kernels, threads and waiting it computes with
+        args.cpu_setup = set_up_cpu_from_args(args)
         with interruptible():  # a Ctrl-C that landed where Python drops it still stops here
             return int(args.func(args) or 0)
     except PosttrainError as error:

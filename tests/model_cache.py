@@ -72,15 +72,24 @@ LIBRARY_FLAG = str(REPO / "examples" / "library_env.py") + ":ENV"
 # ---------------------------------------------------------------- what a build read
 
 
+#: the variables that choose torch's CPU kernels and threads (posttrain.cpu_numerics): a
+#: build under other settings computes other bits, so they are part of what a build read
+NUMERICS_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+                      "OMP_NUM_THREADS", "MKL_NUM_THREADS", "POSTTRAIN_NUMERICS")
+
+
 def cpu_identity() -> str:
-    """The CPU's model name and feature flags (Linux), else what ``platform`` knows."""
+    """The CPU's model name and feature flags (Linux), else what ``platform`` knows, and
+    the settings of the kernels that compute on it."""
+    settings = "\n".join(f"{name}={os.environ.get(name, '')}" for name in NUMERICS_VARIABLES)
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return f"{platform.machine()} {platform.processor()}"
+        return f"{platform.machine()} {platform.processor()}\n{settings}"
     wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
     first = text.split("\n\n", 1)[0]  # the first processor's block
-    return "\n".join(line for line in first.splitlines() if line.split(":")[0].strip() in wanted)
+    return "\n".join([*(line for line in first.splitlines()
+                        if line.split(":")[0].strip() in wanted), settings])
 
 
 def distribution_version(name: str) -> str:

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from posttrain.commands.cpu_flag import set_up_cpu_for
 from posttrain.commands.dataclass_args import add_dataclass_args, settings_from_args
 from posttrain.commands.env_flag import add_env_arg, env_pairs
 from posttrain.commands.settings_file import load_settings_file
@@ -55,6 +56,10 @@ def register_recipe_command(
         settings = settings_for(settings_class, args, name)
         # refused before the trainer's libraries load (seconds), not after
         check_before_loading(settings, current_ranks().world)
+        # the model --config named may not be the flags': the numerics follow the settings
+        args.cpu_setup = set_up_cpu_for(args.numerics, settings.base_model,
+                                        from_run=settings.from_run, runs_dir=settings.runs_dir,
+                                        previous=getattr(args, "cpu_setup", None))
         with interruptible():
             summary = run_recipe(settings)
         return recipe_exit_code(summary)
