@@ -124,3 +124,11 @@ def describe_process_numerics(environ: MutableMapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     names = (*PINNED_KERNELS, *THREAD_VARIABLES, "OMP_WAIT_POLICY", NUMERICS_VARIABLE)
     return {name: environ.get(name) for name in names}
+
+
+def pinned_in(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether ``environ`` (the process's by default) holds the pinned kernels: a build
+    made under them has the same bits on every CPU with AVX2 (a cache keys on it)."""
+    environ = os.environ if environ is None else environ
+    return all(environ.get(name) == value for name, value in PINNED_KERNELS.items())
+

@@ -24,12 +24,14 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # longest first (tests/file_order.py).
 # POSTTRAIN_TEST_WORKERS=N runs N workers, 0 the suite in one process.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-# The suite computes as every x86-64 CPU with AVX2 does (posttrain.cpu_numerics' pinned
-# kernels, for the test processes and every command they start): a test's numbers are the
-# same here, on an AVX2-only laptop and in CI. Set any of these to run it otherwise
-# (ATEN_CPU_CAPABILITY=avx512, say); the kept test models follow them.
-export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" MKL_CBWR="${MKL_CBWR:-AVX2,STRICT}" \
-       ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
+# The suite computes as every x86-64 CPU with AVX2 does: posttrain.cpu_numerics' pinned
+# kernels, for the test processes and every command they start (the same values a command
+# sets for the embedded starters), so a test's numbers are the same here, on an AVX2-only
+# laptop and in CI. POSTTRAIN_NUMERICS=native runs it on this CPU's own kernels instead
+# (the kept test models follow the setting).
+if [ "${POSTTRAIN_NUMERICS:-auto}" != native ]; then
+  export ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT ONEDNN_MAX_CPU_ISA=AVX2
+fi
 workers="${POSTTRAIN_TEST_WORKERS:-3}"
 if ! [[ "$workers" =~ ^[0-9]+$ ]]; then
   echo "scripts/test.sh: POSTTRAIN_TEST_WORKERS must be a whole number of workers (0: the" \

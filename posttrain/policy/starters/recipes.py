@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from posttrain.cpu_numerics import pinned_in
 from posttrain.envs import DEFAULT_ENV, get_env
 from posttrain.envs.base import (
     DefaultBaseModel,
@@ -122,7 +123,11 @@ class StarterRecipe:
                               ("data_digest", "")):
             if name in recipe and recipe[name] == default:
                 del recipe[name]
-        content = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
+        content: dict[str, Any] = {"recipe": recipe, "code_version": STARTER_CODE_VERSION}
+        if pinned_in():
+            # built with the pinned kernels (posttrain.cpu_numerics): bits another CPU with
+            # AVX2 reproduces; a build on the CPU's own kernels keeps the key it always had
+            content["numerics"] = "pinned-avx2"
         payload = json.dumps(content, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
