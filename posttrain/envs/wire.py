@@ -18,7 +18,6 @@ and scan that reads replies reads episodes too.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -31,7 +30,7 @@ WIRE_FORMAT = (
     "</tool_call>\n"
     "Otherwise reply in plain text."
 )
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TOOL_CALL_CLOSE = "</tool_call>"
 #: what separates the policy's turns in an episode's ``reply``: the chat end-of-turn
 #: text, which a sampled turn never holds (a special token, stripped from the text)
 TURN_SEPARATOR = "\n<|im_end|>\n"
@@ -43,6 +42,29 @@ def render_tool_call(name: str, arguments: dict[str, Any], *, canonical: bool = 
     return f"<tool_call>\n{payload}\n</tool_call>"
 
 
+def tool_call_blocks(text: str, *, first_only: bool = False) -> list[str]:
+    """The body of every complete ``<tool_call>`` block of ``text``, in order: from each
+    opening to the first closing after it, then on after that closing (what the pattern
+    ``<tool_call>(.*?)</tool_call>`` finds). Linear in the text: a regular expression
+    tries every opening against the rest of the text, so a reply of many unclosed
+    openings cost it quadratic time (100,000 characters: 24 s); here an opening with no
+    closing after it ends the search, as no later opening can have one either."""
+    blocks: list[str] = []
+    start = 0
+    while True:
+        opened = text.find(TOOL_CALL_OPEN, start)
+        if opened < 0:
+            return blocks
+        body = opened + len(TOOL_CALL_OPEN)
+        closed = text.find(TOOL_CALL_CLOSE, body)
+        if closed < 0:
+            return blocks
+        blocks.append(text[body:closed])
+        if first_only:
+            return blocks
+        start = closed + len(TOOL_CALL_CLOSE)
+
+
 def parse_tool_call(text: str) -> dict[str, Any] | None:
     """The first ``<tool_call>`` block of ``text`` as ``{"name", "arguments"}``, or None.
 
@@ -51,11 +73,11 @@ def parse_tool_call(text: str) -> dict[str, Any] | None:
     ``args``), decoded when given as a JSON string, ``{}`` when not an object.
     Malformed JSON or a missing name is "no valid call": None, never an exception.
     """
-    match = _TOOL_CALL_BLOCK.search(text or "")
-    if match is None:
+    blocks = tool_call_blocks(text or "", first_only=True)
+    if not blocks:
         return None
     try:
-        payload = json.loads(match.group(1).strip())
+        payload = json.loads(blocks[0].strip())
     except (ValueError, RecursionError):
         return None
     if not isinstance(payload, dict):
@@ -78,12 +100,12 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]] | None:
     """Every ``<tool_call>`` block of ``text`` in order (``[]`` for plain prose); None
     when a block is opened and not closed, or does not parse."""
     text = text or ""
-    blocks = _TOOL_CALL_BLOCK.findall(text)
+    blocks = tool_call_blocks(text)
     if text.count(TOOL_CALL_OPEN) != len(blocks):
         return None
     calls = []
     for block in blocks:
-        call = parse_tool_call(f"{TOOL_CALL_OPEN}{block}</tool_call>")
+        call = parse_tool_call(f"{TOOL_CALL_OPEN}{block}{TOOL_CALL_CLOSE}")
         if call is None:
             return None
         calls.append(call)

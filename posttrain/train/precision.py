@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.cpu_numerics import pinned_in
 from posttrain.errors import PosttrainError
 from posttrain.policy.model_agent import is_large_model
 from posttrain.policy.models import models_dir
@@ -69,13 +70,16 @@ def precision_for(asked: str, policy: Any, *, say: Any = None) -> PrecisionChoic
         measured = measure_precision(policy.model, cache_dir=models_dir(),
                                      model_name=str(policy.name), say=say)
     return choose_precision(asked, on_gpu=on_gpu, large_model=large_model,
-                            native_bf16=native_bf16, measured=measured)
+                            native_bf16=native_bf16, measured=measured, pinned=pinned_in())
 
 
 def choose_precision(asked: str, *, on_gpu: bool, large_model: bool, native_bf16: bool,
-                     measured: PrecisionMeasurement | None = None) -> PrecisionChoice:
+                     measured: PrecisionMeasurement | None = None,
+                     pinned: bool = False) -> PrecisionChoice:
     """The precision for ``--precision asked`` (module docstring); ``measured``: what a
-    training pass took each way on this CPU, which decides ``auto`` there."""
+    training pass took each way on this CPU, which decides ``auto`` there; ``pinned``:
+    the process computes with the pinned kernels (``posttrain.cpu_numerics``), which keep
+    bf16 off: not every CPU with AVX2 has it."""
     if asked not in PRECISIONS:
         raise PosttrainError(f"--precision {asked!r}: expected one of {', '.join(PRECISIONS)}")
     if asked == "fp32":
@@ -87,6 +91,9 @@ def choose_precision(asked: str, *, on_gpu: bool, large_model: bool, native_bf16
         return PrecisionChoice(True, "asked for (--precision bf16)")
     if on_gpu:
         return PrecisionChoice(True, "auto: a GPU")
+    if pinned:
+        return PrecisionChoice(False, "auto: the pinned CPU kernels (--numerics) compute "
+                               "float32, as every CPU with AVX2 does")
     if not native_bf16:
         return PrecisionChoice(False, "auto: this CPU has no native bf16 (AVX512-BF16 or AMX)")
     if not large_model:
