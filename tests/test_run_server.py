@@ -164,6 +164,31 @@ def test_read_endpoints_answer_unknown_runs_and_bad_parameters_with_4xx(server):
     assert status == 200 and empty["series"] == {}
 
 
+def test_the_metrics_route_asks_the_store_once_a_name_and_caps_the_names(server):
+    """The work bounded by the request before any query (the hostile probe: 300 copies of
+    one name on a 100,000-point run, one query each, 49 s)."""
+    ingest(server, [CREATE])
+    calls = []
+    store_series = server.store.metric_series
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return store_series(*args, **kwargs)
+
+    server.store.metric_series = counted
+    try:
+        names = ",".join(["reward"] * 300 + ["nothing-like-it"])
+        status, answer = request(server.url + f"/api/runs/r1/metrics?names={names}")
+        assert status == 200 and set(answer["series"]) == {"reward", "nothing-like-it"}
+        # one name the run has not logged: no query at all; the repeated one: not 300
+        assert len(calls) <= 1
+        many = ",".join(f"m{i}" for i in range(65))
+        status, refused = request(server.url + f"/api/runs/r1/metrics?names={many}")
+        assert status == 400 and "at most 64" in refused["error"]["message"]
+    finally:
+        server.store.metric_series = store_series
+
+
 def test_a_server_without_a_token_accepts_ingest_without_one(tmp_path):
     open_server = serve(tmp_path / "open.db", "127.0.0.1", 0, None)
     thread = start_in_thread(open_server)
