@@ -46,8 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
     for command in subparsers.choices.values():  # every command: how torch computes
-        add_numerics_flag(command)
+        for leaf in command_leaves(command):
+            add_numerics_flag(leaf)
     return parser
+
+
+def command_leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers that run something: ``parser`` itself, or the subcommands under it
+    (``posttrain model build``), each of them in turn."""
+    nested = [action for action in parser._actions
+              if isinstance(action, argparse._SubParsersAction)]
+    if not nested:
+        return [parser]
+    return [leaf for action in nested for sub in action.choices.values()
+            for leaf in command_leaves(sub)]
 
 
 def main(argv: list[str] | None = None) -> int:

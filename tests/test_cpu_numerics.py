@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.cli import build_parser
+from posttrain.cli import build_parser, command_leaves
 from posttrain.commands.cpu_flag import runs_an_embedded_model
 from posttrain.cpu_numerics import (
     NUMERICS_VARIABLE,
@@ -74,9 +74,13 @@ def test_after_torch_loaded_the_set_up_touches_nothing_and_says_so():
 def test_every_command_takes_numerics_with_help():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    for name, command in commands.items():
-        options = {option for action in command._actions for option in action.option_strings}
-        assert "--numerics" in options, name
+    leaves = [leaf for command in commands.values() for leaf in command_leaves(command)]
+    assert len(leaves) > len(commands)  # model build, runs list, ... are commands too
+    for leaf in leaves:
+        options = {option for action in leaf._actions for option in action.option_strings}
+        assert "--numerics" in options, leaf.prog
+    assert build_parser().parse_args(["model", "build", "--numerics", "native"]).numerics \
+        == "native"
     help_text = commands["grpo"].format_help()
     assert "OMP_WAIT_POLICY=PASSIVE" in help_text and "POSTTRAIN_NUMERICS" in help_text
 

@@ -67,9 +67,9 @@ def guard_line(rows: Sequence[dict[str, Any]], *, on: str) -> PlanLine:
 
 
 def precision_line(precision: PrecisionChoice) -> PlanLine:
-    measured = precision.measured.words() if precision.measured else ""
+    """The precision as a plan line (a measured choice says its times in its reason)."""
     return PlanLine("precision", "bf16 autocast" if precision.bf16 else "float32",
-                    precision.reason, measured)
+                    precision.reason)
 
 
 @dataclass(frozen=True)

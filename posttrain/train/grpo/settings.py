@@ -211,10 +211,12 @@ class GRPOSettings(RecipeSettings):
         default="auto",
         metadata={"help": "a supervised cold start before RL, in the same run: sft (SFT on "
                           "the environment's reference agent's replies to the train "
-                          "prompts, merged in), none, or auto (sft when the base policy "
-                          "passes none of some category's holdout replies, so RL would have "
-                          "nothing to reinforce there; the run says why). The report gives "
-                          "each phase its own delta",
+                          "prompts, merged in), none, or auto (sft when the base's first "
+                          "evaluation shows some category's pass rate under 0.05, so RL "
+                          "would have almost nothing to reinforce there: the upper end of "
+                          "its 95%% interval under the mark, 59 replies when none passed; "
+                          "with fewer it keeps none and says so). The report gives each "
+                          "phase its own delta",
                   "choices": COLD_STARTS},
     )
     cold_start_shape: str = field(
@@ -224,9 +226,9 @@ class GRPOSettings(RecipeSettings):
                           "--cold-start-until 0.3 --cold-start-balance 0.33 --balance 0.33 "
                           "--beta 0.2 --temperature 1.2: a short cold start that leaves RL "
                           "exploring), or auto (light when some category the base never "
-                          "passes scored every group alike, so the move is absent, not "
-                          "partial; else full). Flags you give are kept either way; the run "
-                          "says which shape and why",
+                          "passes scored every one of its groups alike, 10 or more, so the "
+                          "move is absent, not partial; else full). Flags you give are "
+                          "kept either way; the run says which shape and why",
                   "choices": COLD_START_SHAPES},
     )
     cold_start_steps: int = field(
