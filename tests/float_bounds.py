@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 #: unit roundoff (half an ulp at 1) of each float type
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 
@@ -48,3 +50,19 @@ def head_logprob_bound(hidden_size: int, max_logit: float, dtype: str = "bfloat1
     logit's move (the logsumexp moves by a probability-weighted mean of the logits')."""
     summed = 2 * hidden_size * UNIT_ROUNDOFF["float32"] * max_logit
     return 2 * (summed + rounding_flip_bound(max_logit, dtype))
+
+
+def _native_bf16() -> bool:
+    from posttrain.train.precision import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
+
+
+#: a check of bf16 autocast as a CPU with native bf16 runs it (SmolLM2, the recipes' choice
+#: there): skipped where bf16 would be emulated, a hundred times slower, which is every CPU
+#: without AVX512-BF16 or AMX and every pinned process (scripts/test.sh runs the suite
+#: pinned; POSTTRAIN_NUMERICS=native bash scripts/test.sh runs these on such a CPU)
+needs_native_bf16 = pytest.mark.skipif(
+    not _native_bf16(), reason="bf16 autocast checked only where bf16 is native: this CPU "
+    "has none, or the suite runs pinned (POSTTRAIN_NUMERICS=native runs it)")
+

@@ -8,7 +8,7 @@ import pytest
 
 from posttrain.envs import get_env
 from posttrain.train.fused_head import compact_on, labelled_positions_only
-from tests.float_bounds import difference_bound, head_logprob_bound
+from tests.float_bounds import difference_bound, head_logprob_bound, needs_native_bf16
 
 # A row's projection does not depend on which other rows share the matrix product, up to
 # how the BLAS kernel blocks it. Measured here (AMD EPYC, AVX-512): identical, logprobs and
@@ -132,6 +132,7 @@ def test_labelled_positions_only_matches_every_position_on_the_starter(starter_2
 
 
 @pytest.mark.slow
+@needs_native_bf16
 def test_labelled_positions_only_matches_every_position_on_smollm2(smollm2_folder):
     from posttrain.policy.loading import load_policy
 

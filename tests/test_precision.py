@@ -12,8 +12,8 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.errors import PosttrainError
-from posttrain.train.precision import choose_precision, cpu_has_native_bf16
-from tests.float_bounds import difference_bound
+from posttrain.train.precision import choose_precision
+from tests.float_bounds import difference_bound, needs_native_bf16
 from tests.grpo_rollouts import float32_logprobs, logprob_gaps, rollout_batch, trainer_logprobs
 
 # bf16 autocast against float32. A worst-case bound on bfloat16's rounding through 30
@@ -79,7 +79,7 @@ def test_an_sft_run_under_bf16_autocast_trains_and_says_so(starter_2m_folder, tm
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+@needs_native_bf16
 def test_grpo_under_bf16_keeps_the_trainer_near_the_sampler_on_smollm2(smollm2_folder):
     """SmolLM2 rollouts sampled in float32; TRL's trainer scores the same tokens under bf16
     autocast: the same tokens as the sampler's (autocast off: within float32's bound) and,

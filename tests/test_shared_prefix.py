@@ -20,7 +20,7 @@ from posttrain.train.grpo.shared_prefix import (
     remainder_mask,
     share_prompt_prefix,
 )
-from tests.float_bounds import difference_bound
+from tests.float_bounds import difference_bound, needs_native_bf16
 from tests.grpo_rollouts import grpo_trainer, rollout_batch, short_smollm2
 
 # The two forwards multiply the same numbers in other groupings (the prefix as one row
@@ -198,6 +198,7 @@ def completion_logps(trainer, output):
 
 
 @pytest.mark.slow
+@needs_native_bf16
 def test_under_bf16_the_shared_prefix_stays_within_grpos_clip_range_as_trls_forward(
         smollm2_head):
     """On SmolLM2 under bf16 autocast (the recipe's choice on a CPU with native bf16): the

@@ -57,7 +57,7 @@ def register_recipe_command(
         # refused before the trainer's libraries load (seconds), not after
         check_before_loading(settings, current_ranks().world)
         # the model --config named may not be the flags': the numerics follow the settings
-        args.cpu_setup = set_up_cpu_for(args.numerics, settings.base_model,
+        args.cpu_setup = set_up_cpu_for(getattr(args, "numerics", None), settings.base_model,
                                         from_run=settings.from_run, runs_dir=settings.runs_dir,
                                         previous=getattr(args, "cpu_setup", None))
         with interruptible():
