@@ -18,6 +18,15 @@ they answer the same way:
   ``{"error": {"status": <int>, "message": <str>}}``. A bug is answered 500 with its type,
   logged to stderr, and the server keeps serving.
 - **JSON out** never holds NaN or Infinity (no browser parses them): they go out as null.
+- **WebSockets** pass the same ``Host``/``Origin`` guard (any foreign ``Origin`` refused:
+  ``http_guard.foreign_socket``) and the same token before the handshake is accepted; a
+  refused one is answered with the status and the envelope, not upgraded. A message is
+  at most the body limit, and a socket whose client sends nothing for ``idle_socket_s``
+  is closed (1001), which ends whatever session the app held for it.
+- **Another framework's app** (OpenEnv's FastAPI app, for ``posttrain env serve``) is
+  mounted behind all of this (``HttpServer.mount``): its request body is read whole first
+  (a stall is answered 408, a body that is not strict JSON 400, by the core), and its
+  errors, its validation refusals and its bugs are answered in the same envelope.
 
 Handlers are plain functions ``handler(Request) -> Response`` run in uvicorn's thread
 pool (the stores and the engine are synchronous); paths use Starlette's syntax
@@ -39,13 +48,14 @@ from urllib.parse import parse_qs
 
 from posttrain.access import ADMIN, NOBODY, Caller, identify
 from posttrain.errors import PosttrainError
-from posttrain.http_guard import foreign_request, is_loopback
+from posttrain.http_guard import foreign_request, foreign_socket, is_loopback
 from posttrain.jsonl import strict_json_loads, to_jsonable
 from posttrain.text import echo
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this, a refused body is not drained: the client is cut
 READ_TIMEOUT_SECONDS = 30.0
+IDLE_SOCKET_SECONDS = 300.0
 TOKEN_HINT = "send 'Authorization: Bearer <token>' with the server's token (POSTTRAIN_TOKEN)"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # what a numeric query parameter may look like: ASCII decimal, no NaN, no digit separators
@@ -204,6 +214,8 @@ class Rules:
     #: what the message of a 500 may show of a bug's text (stderr gets all of it): the
     #: service hides its folders' absolute paths with it
     public_text: Callable[[str], str] = lambda text: text
+    #: a WebSocket whose client sends nothing for this long is closed (its session ends)
+    idle_socket_s: float = IDLE_SOCKET_SECONDS
 
 
 # ------------------------------------------------------------------ the ASGI layers
@@ -232,6 +244,9 @@ class Guard:
         self.server = server
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -265,6 +280,24 @@ class Guard:
                 return
         await self.app(scope, timed(receive, rules.read_timeout_s), send)
 
+    async def _socket(self, scope: dict, receive: Any, send: Any) -> None:
+        """A WebSocket: the Host/Origin guard and the token before the handshake is
+        accepted, then the app with idle sockets closed."""
+        from starlette.datastructures import Headers
+
+        rules = self.server.rules
+        headers = Headers(scope=scope)
+        host, port = self.server.server_address
+        refusal = foreign_socket(headers, host, port)
+        if refusal is None and (rules.token is not None or rules.tokens) \
+                and rules.needs_token("WEBSOCKET", scope["path"]) \
+                and identify(headers, rules.token, rules.tokens) is None:
+            refusal = 401, f"missing or wrong token: {TOKEN_HINT}"
+        if refusal is not None:
+            await refuse_socket(scope, receive, send, *refusal)
+            return
+        await self.app(scope, *idle_closing(receive, send, rules.idle_socket_s))
+
     def _body_problem(self, headers: Any) -> tuple[int, str, int] | None:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             return 411, "send the body with a Content-Length, not chunked", 0
@@ -282,6 +315,153 @@ class Guard:
             return 413, (f"body of {length} bytes is over the limit of {limit} bytes; send "
                          "smaller requests"), length
         return None
+
+
+async def refuse_socket(scope: dict, receive: Any, send: Any, status: int,
+                        message: str) -> None:
+    """Refuse a WebSocket's handshake: answered ``status`` with the error envelope where
+    the server can send a plain response instead of the upgrade (uvicorn can), else
+    closed (1008) before it is accepted (the client sees 403)."""
+    connect = await receive()
+    if connect.get("type") != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json_bytes(error_envelope(status, message))
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+def idle_closing(receive: Any, send: Any, seconds: float) -> tuple[Any, Any]:
+    """``receive`` and ``send`` for a WebSocket app, closing the socket (1001) when the
+    client sends nothing for ``seconds``: the app then reads a disconnect, as when the
+    client leaves, and ends its session; what it sends after that is dropped."""
+    closed = False
+
+    async def receive_or_idle() -> Any:
+        nonlocal closed
+        if closed:
+            return {"type": "websocket.disconnect", "code": 1001}
+        try:
+            return await asyncio.wait_for(receive(), seconds)
+        except asyncio.TimeoutError:
+            closed = True
+            await send({"type": "websocket.close", "code": 1001,
+                        "reason": f"idle for {seconds:g} s"})
+            return {"type": "websocket.disconnect", "code": 1001}
+
+    async def send_unless_closed(message: Any) -> None:
+        if not closed:
+            await send(message)
+
+    return receive_or_idle, send_unless_closed
+
+
+class WholeBody:
+    """A mounted app's request body read whole before the app runs (the guard has
+    already bounded it by its Content-Length): a client that stalls inside it is answered
+    408 and a JSON body that is not strict JSON (NaN, Infinity, ``1e400``, bad UTF-8,
+    nesting past Python's limit) 400, by the core; the app reads the same bytes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        try:
+            while True:
+                message = await receive()  # timed by the guard
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+        except ClientStalled as error:
+            await send_response(send, error_response(
+                408, f"the request body stalled: {error}"), close=True)
+            return
+        body = b"".join(chunks)
+        problem = json_body_problem(scope, body)
+        if problem is not None:
+            await send_response(send, error_response(400, problem))
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def json_body_problem(scope: dict, body: bytes) -> str | None:
+    """Why a body declared JSON is not strict JSON, or None (a body of another type, or
+    none, is the app's to read)."""
+    from starlette.datastructures import Headers
+
+    kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
+    if not body.strip() or kind != "application/json":
+        return None
+    try:
+        strict_json_loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        return f"request body is not valid JSON: {echo(str(error))}"
+    except RecursionError:
+        return "request body is nested too deeply"
+    return None
+
+
+def answers_in_envelope(app: Any, rules: Rules) -> None:
+    """A Starlette or FastAPI app's own refusals, its request validation and its bugs
+    answered in the core's envelope: a refusal with its status and text, a validation
+    error 422 naming each field (never echoing the value: it may be huge or not JSON), a
+    ``PosttrainError`` with an ``http_status`` that status, anything else 500, logged."""
+    from starlette.exceptions import HTTPException
+    from starlette.responses import Response as StarletteResponse
+
+    def answer(status: int, message: str) -> Any:
+        response = error_response(status, message)
+        return StarletteResponse(response.body, status, {"cache-control": "no-store"},
+                                 media_type=response.content_type)
+
+    async def refused(request: Any, error: HTTPException) -> Any:
+        detail = error.detail if isinstance(error.detail, str) else json.dumps(
+            to_jsonable(error.detail))[:2000]
+        return answer(error.status_code, detail)
+
+    async def invalid(request: Any, error: Any) -> Any:
+        fields = [f"{'.'.join(str(part) for part in problem.get('loc', ()))}: "
+                  f"{problem.get('msg', 'invalid')}" for problem in error.errors()[:20]]
+        return answer(422, "invalid request: " + "; ".join(fields))
+
+    async def bug(request: Any, error: Exception) -> Any:
+        status = error.http_status if isinstance(error, PosttrainError) else None
+        if status is not None:
+            return answer(status, rules.public_text(str(error)))
+        import traceback
+
+        print(f"{rules.name}: {request.method} {request.url.path}: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+        traceback.print_exception(error, file=sys.stderr)
+        return answer(500, rules.public_text(f"internal error: {type(error).__name__}"))
+
+    app.add_exception_handler(HTTPException, refused)
+    try:
+        from fastapi.exceptions import RequestValidationError
+    except ImportError:
+        pass
+    else:
+        app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(Exception, bug)
 
 
 class ClientStalled(Exception):
@@ -352,6 +532,25 @@ def endpoint(handler: Handler, rules: Rules) -> Any:
 # ------------------------------------------------------------------ the server
 
 
+def mounted_lifespan(mounted: Any) -> Any:
+    """The server's lifespan running a mounted app's own startup and shutdown (OpenEnv
+    starts its idle-session reaper there; Starlette does not pass the lifespan on to a
+    mount)."""
+    from contextlib import asynccontextmanager
+
+    context = getattr(getattr(mounted, "router", None), "lifespan_context", None)
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        if context is None:
+            yield
+            return
+        async with context(mounted):
+            yield
+
+    return lifespan
+
+
 def timed_protocol(seconds: float) -> Any:
     """uvicorn's h11 protocol with a deadline for a request's headers: a client that
     connects and sends nothing, or stops inside its headers, is disconnected after
@@ -399,6 +598,22 @@ def timed_protocol(seconds: float) -> Any:
     return HeaderDeadline
 
 
+def refusing_socket_protocol() -> Any:
+    """uvicorn's WebSocket protocol, where a handshake answered with a plain response (a
+    refusal: ``refuse_socket``) counts as completed: uvicorn 0.54 leaves it unmarked and
+    logs a false "returned without completing handshake" error for every refusal."""
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    class RefusalCompletes(WebSocketsSansIOProtocol):  # type: ignore[misc]
+        async def send(self, message: Any) -> None:
+            await super().send(message)
+            if message["type"] == "websocket.http.response.body" \
+                    and not message.get("more_body", False):
+                self.handshake_complete = True
+
+    return RefusalCompletes
+
+
 
 class HttpServer:
     """A Starlette app on uvicorn over a socket bound at construction.
@@ -432,6 +647,7 @@ class HttpServer:
         self._uvicorn: Any = None
         self._starlette: Any = None
         self._thread: threading.Thread | None = None
+        self.mounted: Any = None
 
     @property
     def port(self) -> int:
@@ -454,6 +670,14 @@ class HttpServer:
         if self._starlette is not None:  # already serving: the live router gets it too
             self._starlette.router.routes.append(route)
 
+    def mount(self, app: Any) -> None:
+        """Serve another framework's ASGI app (a Starlette or FastAPI one: OpenEnv's, for
+        ``posttrain env serve``) on every path the routes leave, behind the same guard,
+        with its body read whole first and its errors in the envelope (module
+        docstring); its startup and shutdown run with the server's. Before starting."""
+        answers_in_envelope(app, self.rules)
+        self.mounted = app
+
     def app(self) -> Any:
         """The ASGI app: the guard around Starlette's router, errors in the envelope."""
         from starlette.applications import Starlette
@@ -471,7 +695,15 @@ class HttpServer:
             return StarletteResponse(response.body, error.status_code,
                                      dict(error.headers or {}), media_type="application/json")
 
-        app = Starlette(routes=list(self.routes), exception_handlers={HTTPException: http_error})
+        routes = list(self.routes)
+        lifespan = None
+        if self.mounted is not None:
+            from starlette.routing import Mount
+
+            routes.append(Mount("", app=WholeBody(self.mounted)))
+            lifespan = mounted_lifespan(self.mounted)
+        app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                        lifespan=lifespan)
         self._starlette = app
         return Guard(app, self)
 
@@ -479,8 +711,11 @@ class HttpServer:
         import uvicorn
 
         config = uvicorn.Config(self.app(), http=timed_protocol(self.rules.read_timeout_s),
+                                ws=refusing_socket_protocol(),
                                 log_level="info" if self.rules.verbose else "warning",
-                                access_log=self.rules.verbose, lifespan="off",
+                                access_log=self.rules.verbose,
+                                lifespan="off" if self.mounted is None else "on",
+                                ws_max_size=self.rules.max_body_bytes,
                                 timeout_keep_alive=5, timeout_graceful_shutdown=2)
         self._uvicorn = uvicorn.Server(config)
         return self._uvicorn

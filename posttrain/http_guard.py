@@ -1,4 +1,4 @@
-"""Refusing requests a web page in the user's browser could forge (both HTTP servers).
+"""Refusing requests a web page in the user's browser could forge (every HTTP server).
 
 A page on any site can send a "simple" cross-site request to a server on loopback (a
 POST of text/plain or form data, no custom headers, no preflight), and a DNS-rebinding
@@ -6,7 +6,9 @@ page can reach one under its own host name. ``foreign_request`` says when a requ
 looks like either: on a loopback server, a ``Host`` that does not name loopback; for a
 write, a foreign ``Origin`` (or the opaque ``null`` of a sandboxed page or a file), or a
 body that is not declared ``application/json`` or ``application/x-protobuf`` (which a
-page can only send cross-site after a CORS preflight, which neither server answers).
+page can only send cross-site after a CORS preflight, which no posttrain server answers).
+``foreign_socket`` says the same of a WebSocket's handshake, where any foreign ``Origin``
+is refused (no preflight guards a WebSocket).
 """
 
 from __future__ import annotations
@@ -41,6 +43,39 @@ def host_name(netloc: str) -> str:
     return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
 
 
+def foreign_origin(origin: str, host_header: str, loopback: bool, port: int,
+                   what: str) -> tuple[int, str] | None:
+    """(403, message) when ``origin`` (a browser's ``Origin`` header, empty when it sent
+    none) is not this server's own: the opaque ``null`` or another site."""
+    if origin == "null":
+        return 403, f"{what} from an opaque origin (a sandboxed page or a file) are refused"
+    if origin:
+        allowed = LOOPBACK_NAMES if loopback else {host_name(host_header)}
+        parts = urlsplit(origin)
+        try:
+            origin_port = parts.port
+        except ValueError:  # a port that is not a number
+            return 403, f"{what} from an origin that is not a URL ({origin[:80]!r}) are refused"
+        if host_name(parts.netloc) not in allowed or origin_port not in (port, None):
+            return 403, f"{what} from another site ({origin[:200]}) are refused"
+    return None
+
+
+def foreign_socket(headers: Mapping[str, str], bound_host: str,
+                   port: int) -> tuple[int, str] | None:
+    """(HTTP status, message) when a WebSocket's opening handshake must be refused: a
+    ``Host`` as for any request, and any ``Origin`` but this server's own. A browser sends
+    its page's origin with every WebSocket and no preflight guards one, so without this a
+    page on any site could open a session on a server the user runs (a client that is
+    not a browser sends no Origin: the tokens guard it)."""
+    refusal = foreign_request("GET", headers, bound_host, port)
+    if refusal is not None:
+        return refusal
+    return foreign_origin((headers.get("Origin") or "").strip(),
+                          (headers.get("Host") or "").strip(), is_loopback(bound_host), port,
+                          "WebSockets")
+
+
 def foreign_request(method: str, headers: Mapping[str, str], bound_host: str,
                     port: int) -> tuple[int, str] | None:
     """(HTTP status, message) when the request must be refused (module docstring), else
@@ -53,13 +88,9 @@ def foreign_request(method: str, headers: Mapping[str, str], bound_host: str,
     if method.upper() not in WRITE_METHODS:
         return None
     origin = (headers.get("Origin") or "").strip()
-    if origin == "null":
-        return 403, "writes from an opaque origin (a sandboxed page or a file) are refused"
-    if origin:
-        allowed = LOOPBACK_NAMES if loopback else {host_name(host_header)}
-        parts = urlsplit(origin)
-        if host_name(parts.netloc) not in allowed or parts.port not in (port, None):
-            return 403, f"writes from another site ({origin}) are refused"
+    refusal = foreign_origin(origin, host_header, loopback, port, "writes")
+    if refusal is not None:
+        return refusal
     kind = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
     if kind not in WRITE_CONTENT_TYPES:
         return 415, (f"a write must be sent as Content-Type: application/json, got "

@@ -21,7 +21,15 @@ rules.
   with the episode's summary in the metadata (and the last turn's tool results, if any,
   in ``messages``);
 - sessions are independent (one environment per WebSocket client), up to
-  ``max_concurrent_envs`` at once.
+  ``max_concurrent_envs`` at once; an HTTP session idle for ``idle_timeout_s`` is reaped
+  (OpenEnv's reaper; the core closes idle WebSockets, ``posttrain.http_core``);
+- a request the episode cannot take (a step before any reset, which is every HTTP
+  ``/step``; a step after its end; an unknown scenario) is refused with a ``PosttrainError`` the core answers 400 (or 409), never a
+  500. Over HTTP each ``/reset`` and ``/step`` is an environment of its own (OpenEnv's
+  design), so episodes are played over the WebSocket ``/ws``.
+
+``posttrain env serve`` runs this app on posttrain's HTTP core (``HttpServer.mount``):
+the body limit, read deadlines, Host/Origin guard and tokens of every posttrain server.
 """
 
 from __future__ import annotations
@@ -39,14 +47,24 @@ from posttrain.score.rows import rule_score
 MAX_REPLY_CHARS = 100_000
 
 
-def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: int = 8) -> Any:
+class EpisodeRefused(PosttrainError):
+    """A reset or step this episode cannot take: bad input, answered 400 (409: the
+    episode's state, not the request, is in the way)."""
+
+    def __init__(self, message: str, http_status: int = 400) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+
+
+def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: int = 8,
+                idle_timeout_s: float = 300.0) -> Any:
     """The FastAPI app serving ``env`` on ``records`` (module docstring)."""
     if not records:
         raise PosttrainError("posttrain env serve: no prompts to serve")
     try:
         from openenv.core.env_server.http_server import create_app
         from openenv.core.env_server.interfaces import Environment
-        from openenv.core.env_server.types import Action, Observation, State
+        from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
         from pydantic import Field
     except ImportError:
         raise PosttrainError("posttrain env serve needs the openenv package: pip install "
@@ -84,19 +102,23 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
             self._desk: Any = None
             self._turns: list[str] = []
             self._done = False
+            self._reset = False
 
         def reset(self, seed: int | None = None, episode_id: str | None = None,
                   **kwargs: Any) -> Any:
             scenario = kwargs.get("scenario_id")
             if scenario is not None and str(scenario) not in by_scenario:
-                raise ValueError(f"no scenario {str(scenario)[:80]!r} among the served prompts")
+                raise EpisodeRefused(f"no scenario {str(scenario)[:80]!r} among the served "
+                                     "prompts")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                raise EpisodeRefused(f"seed must be a whole number, got {str(seed)[:40]}")
             index = by_scenario[str(scenario)] if scenario is not None else (seed or 0) % len(
                 records)
             self._record = records[index]
             self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
             case = self._case = case_of(env, self._record)
             self._desk = as_multi_turn(env).new_desk(case) if episodes else None
-            self._turns, self._done = [], False
+            self._turns, self._done, self._reset = [], False, True
             prompt = self._record["prompt"]
             return PromptObservation(
                 prompt=prompt, messages=env.messages_for(prompt),
@@ -105,7 +127,12 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
 
         def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
             if self._done:
-                raise ValueError("the episode is over: reset() starts the next one")
+                raise EpisodeRefused("the episode is over: reset() starts the next one", 409)
+            if not self._reset:
+                raise EpisodeRefused(
+                    "no episode: reset() first. Over HTTP every /step is an environment of "
+                    "its own (OpenEnv's design), never reset; play episodes over the "
+                    "WebSocket /ws", 409)
             self._state.step_count += 1
             record, case = self._record, self._case
             self._turns.append(action.reply)
@@ -132,5 +159,7 @@ def openenv_app(env: Env, records: list[dict[str, Any]], max_concurrent_envs: in
         def state(self) -> Any:
             return self._state
 
+    concurrency = ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs,
+                                    session_timeout=idle_timeout_s)
     return create_app(RuleEnvironment, ReplyAction, PromptObservation,
-                      env_name=env.name.replace(" ", "_"), max_concurrent_envs=max_concurrent_envs)
+                      env_name=env.name.replace(" ", "_"), concurrency_config=concurrency)

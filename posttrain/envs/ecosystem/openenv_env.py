@@ -59,7 +59,12 @@ from posttrain.envs.ecosystem.dataset_adapter import (
     ScoreCache,
     shared_prefix,
 )
-from posttrain.envs.ecosystem.openenv_server import LocalServer, get_json, local_server
+from posttrain.envs.ecosystem.openenv_server import (
+    LocalServer,
+    get_json,
+    local_server,
+    token_headers,
+)
 from posttrain.envs.ecosystem.openenv_sessions import SessionPool
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import raise_if_interrupted
@@ -95,7 +100,7 @@ def session_opener(url: str, timeout_s: float) -> Callable[[], Any]:
     def open_session() -> Any:
         client_class = import_openenv()
         return client_class(base_url=url, connect_timeout_s=timeout_s,
-                            message_timeout_s=timeout_s).sync()
+                            message_timeout_s=timeout_s, headers=token_headers()).sync()
 
     return open_session
 
@@ -214,7 +219,8 @@ class OpenEnvEnv(DatasetAdapter):
         else:
             self.server = local_server(target)
             self.url = self.server.url
-        schema = get_json(f"{self.url}/schema", self.timeout_s, self.where)
+        schema = get_json(f"{self.url}/schema", self.timeout_s, self.where,
+                          headers=token_headers())
         if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
             raise PosttrainError(f"{self.where}: its /schema has no action schema "
                                  "(is it an OpenEnv server?)")

@@ -37,12 +37,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def get_json(url: str, timeout_s: float, what: str) -> Any:
+def get_json(url: str, timeout_s: float, what: str,
+             headers: dict[str, str] | None = None) -> Any:
     """The JSON document at ``url``; ``PosttrainError`` in one line naming ``what`` when the
-    server is down, slow, answers an error status or something that is not JSON."""
+    server is down, answers an error status or something that is not JSON, redirects to
+    another host, or takes longer than ``timeout_s`` for the whole answer (a deadline for
+    all of it, not each read: a server trickling a byte a second is cut at the deadline).
+    ``headers``: sent with the request (a served environment's token)."""
+    deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(url, headers=headers or {})
+    opener = urllib.request.build_opener(SameHostRedirects(what))
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
-            body = answer.read(1 << 22)
+        with opener.open(request, timeout=timeout_s) as answer:
+            body = read_by(answer, deadline, MAX_ANSWER_BYTES, what, url)
     except urllib.error.HTTPError as error:
         raise PosttrainError(f"{what}: {url} answered HTTP {error.code}") from None
     except (urllib.error.URLError, OSError) as error:
@@ -51,14 +58,73 @@ def get_json(url: str, timeout_s: float, what: str) -> Any:
                              "server running?") from None
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise PosttrainError(f"{what}: {url} did not answer JSON (it begins "
                              f"{body[:60]!r})") from None
+
+
+#: the most of an answer read (a /schema is a few kilobytes)
+MAX_ANSWER_BYTES = 1 << 22
+
+
+def read_by(answer: Any, deadline: float, limit: int, what: str, url: str) -> bytes:
+    """At most ``limit`` bytes of ``answer``, all of them before ``deadline``."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PosttrainError(f"{what}: {url} did not finish its answer in time "
+                                 f"({size} bytes read); raise --env-arg timeout_s")
+        # the next read waits no longer than the deadline (http.client keeps the socket
+        # in its reader; without it a silent server holds each read for the full timeout)
+        sock = getattr(getattr(answer.fp, "raw", None), "_sock", None)
+        if sock is not None:
+            sock.settimeout(left)
+        chunk = answer.read1(min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class SameHostRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects followed only to the same scheme, host and port (a server that sends
+    posttrain elsewhere would get its headers, the token among them)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        from urllib.parse import urljoin, urlsplit
+
+        target = urlsplit(urljoin(req.full_url, newurl))
+        source = urlsplit(req.full_url)
+        if (target.scheme, target.netloc) != (source.scheme, source.netloc):
+            raise PosttrainError(f"{self.what}: {req.full_url} redirected to another host "
+                                 f"({target.scheme}://{target.netloc[:80]}); not followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def check_health(base_url: str, timeout_s: float, what: str) -> None:
     """``/health`` answers: the server is up (one line when not)."""
     get_json(f"{base_url}/health", timeout_s, what)
+
+
+#: the token ``posttrain env serve`` asks for, which posttrain's OpenEnv client sends to the
+#: URL ``--env openenv:URL`` names (not POSTTRAIN_TOKEN, the dashboard's: that must never
+#: go to a URL the user names)
+SERVE_TOKEN_ENV = "POSTTRAIN_ENV_TOKEN"
+
+
+def token_headers() -> dict[str, str]:
+    """The Authorization header of ``$POSTTRAIN_ENV_TOKEN``, when it is set."""
+    import os
+
+    token = os.environ.get(SERVE_TOKEN_ENV)
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @dataclass

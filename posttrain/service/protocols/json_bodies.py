@@ -16,12 +16,14 @@ from posttrain.service.engine.errors import BadRequest
 from posttrain.service.schema import ADAM_KEYS, AdamParams
 
 
-def body_of(request: Request) -> Any:
-    """The JSON body (an empty body is ``{}``), or ``BadRequest``."""
+def body_of(request: Request) -> dict[str, Any]:
+    """The JSON body, an object (an empty body is ``{}``), or ``BadRequest``: every request
+    of these wings is an object, and a handler reads its fields before it checks them."""
     try:
-        return request.json(empty={})
+        body = request.json(empty={})
     except HttpError as error:
         raise BadRequest(error.message.replace("request body", "body")) from None
+    return json_object(body, "body")
 
 
 def json_object(value: Any, where: str) -> dict[str, Any]:
