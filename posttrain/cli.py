@@ -18,6 +18,7 @@ from posttrain.commands.cpu_flag import add_numerics_flag, set_up_cpu_from_args
 from posttrain.commands.env_flag import fold_env_args
 from posttrain.errors import PosttrainError
 from posttrain.interrupts import SIGTERM_EXIT_CODE, Terminated, interruptible
+from posttrain.terminal import escaped_output
 
 # subcommand modules, in the order `posttrain --help` lists them
 COMMAND_MODULES = (
@@ -63,6 +64,13 @@ def command_leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPar
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; everything it prints is escaped (``posttrain.terminal``): the text
+    of environments, servers, files and models reaches no terminal as control codes."""
+    with escaped_output():
+        return run_command(argv)
+
+
+def run_command(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from posttrain.interrupts import raise_if_interrupted
+from posttrain.terminal import printable, raw_stream
 
 Update = Callable[[int], None]
 
@@ -43,8 +44,14 @@ def progress_bar(label: str, total: int, *, enabled: bool = True) -> Iterator[Up
             TextColumn("eta"),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, transient=False) as bar:
-            task = bar.add_task(label, total=total)
+        from rich.console import Console
+        from rich.markup import escape
+
+        # drawn on the terminal itself: the bar's own codes are not data to escape
+        # (rich strips control characters from the label)
+        console = Console(file=raw_stream(sys.stderr))
+        with Progress(*columns, console=console, transient=False) as bar:
+            task = bar.add_task(escape(printable(label)), total=total)
 
             def draw(done: int) -> None:
                 raise_if_interrupted()

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,8 +124,8 @@ def test_episodes_run_on_several_sessions_at_once_as_far_as_the_server_allows(ca
 
 
 @pytest.mark.parametrize("app, said", [
-    ("nan_app", "ended with reward None; a reward must be a finite number"),
-    ("none_app", "ended with reward None; a reward must be a finite number"),
+    ("nan_app", "ended with no reward; a reward must be a finite number"),
+    ("none_app", "ended with no reward; a reward must be a finite number"),
     ("endless_app", "is not done after the policy's reply"),
 ])
 def test_a_broken_reward_or_an_endless_episode_is_one_line(app, said):
@@ -510,3 +511,121 @@ def test_a_run_on_an_environment_that_breaks_is_marked_failed_in_one_line(starte
     assert not (runs / "broken" / "adapter").exists()
     with SqliteRunStore(runs / "posttrain.db") as store:
         assert store.get_run("broken")["status"] == "failed"
+
+
+def hostile_openenv_app(reset_answer, step_answer, schema=None):
+    """A bare Starlette app speaking OpenEnv's wire: ``/health``, ``/schema`` and the
+    WebSocket ``/ws``, answering every reset and step with the JSON given (what a
+    broken or hostile server may send; OpenEnv's own server would not)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route, WebSocketRoute
+
+    schema = schema or {"action": {"properties": {"reply": {"type": "string"}},
+                                   "type": "object"},
+                        "observation": {"properties": {"prompt": {"type": "string"}}}}
+
+    async def socket(websocket):
+        await websocket.accept()
+        try:
+            while True:
+                message = json.loads(await websocket.receive_text())
+                if message["type"] == "close":
+                    break
+                data = reset_answer if message["type"] == "reset" else step_answer
+                await websocket.send_text(json.dumps({"type": "observation", "data": data}))
+        except Exception:
+            pass
+
+    return Starlette(routes=[
+        Route("/health", lambda request: JSONResponse({"status": "healthy"})),
+        Route("/schema", lambda request: JSONResponse(schema)),
+        WebSocketRoute("/ws", socket)])
+
+
+GOOD_RESET = {"observation": {"prompt": "2+2?"}, "reward": None, "done": False}
+
+
+@pytest.mark.parametrize("reset_answer, step_answer, said", [
+    ({"observation": "a string", "done": False}, None, "observation as a string"),
+    ({"observation": 7, "done": False}, None, "observation as a number"),
+    ({"observation": {"prompt": "x", "metadata": "cat"}, "done": False}, None,
+     "metadata as a string"),
+    ({"observation": {"prompt": "x", "metadata": [1]}, "done": False}, None,
+     "metadata as a list"),
+    ({"observation": {"prompt": "x" * 50_000}, "done": False}, None, "50,000 characters"),
+    (GOOD_RESET, {"observation": {}, "reward": 1.0, "done": "false"}, "done as a string"),
+    (GOOD_RESET, {"observation": {}, "reward": 1.7e308, "done": True}, "reward 1.7e+308"),
+    (GOOD_RESET, {"observation": {}, "reward": -1.7e308, "done": True}, "reward -1.7e+308"),
+    (GOOD_RESET, {"observation": {}, "reward": int("9" * 4000), "done": True},
+     "digits"),
+    (GOOD_RESET, {"observation": {}, "reward": "1", "done": True}, "a string"),
+])
+def test_an_openenv_answer_of_the_wrong_shape_is_one_line_naming_the_field(
+        reset_answer, step_answer, said, tmp_path, capsys):
+    from posttrain.envs.base import case_of
+    from posttrain.envs.ecosystem.openenv_server import LocalServer
+
+    server = LocalServer("hostile", hostile_openenv_app(reset_answer, step_answer)).start()
+    spec = f"openenv:{server.url}?prompts=2&action_field=reply"
+    try:
+        if step_answer is None:  # the first observations are read as the env loads
+            code = main(["prompts", "write", "--env", spec, str(tmp_path / "p.jsonl")])
+            err = capsys.readouterr().err
+            assert code == 2 and "Traceback" not in err, err
+            message = err.strip().splitlines()[-1]
+        else:  # a reply's episode, graded
+            env = get_env(spec)
+            try:
+                record = env.write_prompts(1, seed=0)[0]
+                with pytest.raises(PosttrainError) as refused:
+                    env.score("4", case_of(env, record))
+            finally:
+                env.close()
+            message = str(refused.value)
+    finally:
+        server.stop()
+    assert said in message and "openenv:http://127.0.0.1" in message, message
+    assert "\n" not in message and len(message) < 400, message
+
+
+def test_a_schema_that_trickles_or_redirects_elsewhere_is_refused_in_time():
+    import http.server
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/schema" and self.server.redirect:
+                self.send_response(302)
+                self.send_header("Location", "http://198.51.100.7:9/schema")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            try:
+                for _ in range(1000):  # a byte a 0.2 s: each read is quick, the whole is not
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    server.redirect = False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        started = time.monotonic()
+        with pytest.raises(PosttrainError, match="did not finish its answer in time"):
+            get_env(f"openenv:{base}?timeout_s=1.5")
+        assert time.monotonic() - started < 4
+        server.redirect = True
+        with pytest.raises(PosttrainError, match="redirected to another host"):
+            get_env(f"openenv:{base}?timeout_s=5")
+    finally:
+        server.shutdown()

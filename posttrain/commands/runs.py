@@ -28,6 +28,7 @@ from posttrain.runs.store import (
     open_store,
     store_spec,
 )
+from posttrain.terminal import printable, raw_stream
 
 RUNS_DIR_HELP = "folder holding posttrain.db and the run folders ($POSTTRAIN_RUNS or ./runs)"
 
@@ -136,15 +137,18 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"runs in {where}", title_justify="left")
     for column in ("run", "status", "steps", "verdict", "delta", "base model", "started"):
         table.add_column(column, justify="right" if column in ("steps", "delta") else "left")
     for run in runs:
-        table.add_row(run["name"], _status_text(run), _steps(run), run["verdict"] or "–",
-                      _signed(run["headline_delta"]), run["base_model"] or "–",
-                      _when(run["started"]))
-    Console().print(table)
+        # a cell is data, never markup or a terminal code (a run name, a model id)
+        table.add_row(*(Text(printable(str(cell))) for cell in (
+            run["name"], _status_text(run), _steps(run), run["verdict"] or "–",
+            _signed(run["headline_delta"]), run["base_model"] or "–", _when(run["started"]))))
+    # drawn on the terminal itself (rich strips control characters from the cells)
+    Console(file=raw_stream(sys.stdout)).print(table)
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.envs import get_env
-from posttrain.envs.base import Env, case_of, field_problem, record_fields
+from posttrain.envs.base import MAX_PROMPT_CHARS, Env, case_of, field_problem, record_fields
 from posttrain.errors import InputFileError
 from posttrain.jsonl import read_jsonl_objects, write_jsonl_atomic
 from posttrain.text import jaccard, word_set
@@ -53,9 +53,6 @@ def make_record(
     return record
 
 
-# a prompt longer than this is refused on load: a customer message is a few hundred
-# characters, and a 49 MB "prompt" once made `posttrain eval` ask for 107 GB
-MAX_PROMPT_CHARS = 20_000
 
 
 def prompt_text(value: Any) -> tuple[str | None, str | None]:

@@ -35,6 +35,10 @@ from posttrain.agents import Agent
 from posttrain.errors import PosttrainError
 
 PASS_THRESHOLD = 1.0
+# a prompt longer than this is refused (a prompt file's line, an environment's
+# observation): a customer message is a few hundred characters, and a 49 MB "prompt" once
+# made `posttrain eval` ask for 107 GB
+MAX_PROMPT_CHARS = 20_000
 Case = dict[str, Any]
 Messages = list[dict[str, str]]
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from posttrain.atomic import atomic_writer, write_text_atomic
 from posttrain.score.episode_stats import format_episode_change
+from posttrain.terminal import printable
 
 
 def _signal_lines(summary: dict[str, Any]) -> list[str]:
@@ -119,7 +120,8 @@ def write_report_markdown(path: Path, summary: dict[str, Any], report: Any | Non
     lines += [f"- {key}: {value}" for key, value in (summary.get("timings") or {}).items()]
     if summary.get("error"):
         lines += ["", "## Error", "", f"`{summary['error']}`"]
-    return write_text_atomic(path, "\n".join(lines) + "\n")
+    # a file a user cats or pages: the environment's text in it is data (posttrain.terminal)
+    return write_text_atomic(path, printable("\n".join(lines)) + "\n")
 
 
 def write_curves_png(

@@ -24,9 +24,10 @@ rules.
   ``max_concurrent_envs`` at once; an HTTP session idle for ``idle_timeout_s`` is reaped
   (OpenEnv's reaper; the core closes idle WebSockets, ``posttrain.http_core``);
 - a request the episode cannot take (a step before any reset, which is every HTTP
-  ``/step``; a step after its end; an unknown scenario) is refused with a ``PosttrainError`` the core answers 400 (or 409), never a
-  500. Over HTTP each ``/reset`` and ``/step`` is an environment of its own (OpenEnv's
-  design), so episodes are played over the WebSocket ``/ws``.
+  ``/step``; a step after its end; an unknown scenario) is refused with a
+  ``PosttrainError`` the core answers 400 (or 409), never a 500. Over HTTP each
+  ``/reset`` and ``/step`` is an environment of its own (OpenEnv's design), so episodes
+  are played over the WebSocket ``/ws``.
 
 ``posttrain env serve`` runs this app on posttrain's HTTP core (``HttpServer.mount``):
 the body limit, read deadlines, Host/Origin guard and tokens of every posttrain server.

@@ -59,6 +59,7 @@ from posttrain.envs.ecosystem.dataset_adapter import (
     ScoreCache,
     shared_prefix,
 )
+from posttrain.envs.ecosystem.openenv_answers import Answer, held_prompt, read_answer
 from posttrain.envs.ecosystem.openenv_server import (
     LocalServer,
     get_json,
@@ -298,11 +299,12 @@ class OpenEnvEnv(DatasetAdapter):
         self._release()
 
     def _first_observation(self, seed: int) -> Sample:
-        result = self.sessions.run(f"reset(seed={seed})", lambda env: env.reset(seed=seed))
-        observation = dict(result.observation or {})
-        metadata = {**(observation.get("metadata") or {}), **(result.metadata or {})}
-        category = metadata.get("category")
-        prompt = self._prompt_text(observation)
+        what = f"reset(seed={seed})"
+        answer = self.sessions.run(what, lambda env: read_answer(env.reset(seed=seed),
+                                                                 self.where, what))
+        observation = answer.observation
+        category = answer.metadata.get("category")
+        prompt = held_prompt(self._prompt_text(observation), self.where, what)
         chat = _chat(observation.get("messages"))
         if chat and chat[-1] == {"role": "user", "content": prompt}:
             self._prefixes.append(chat[:-1])
@@ -328,23 +330,26 @@ class OpenEnvEnv(DatasetAdapter):
     def category(self, case: Case) -> str:
         return str(case.get("category") or DEFAULT_CATEGORY)
 
-    def replay(self, seed: int, actions: list[dict[str, Any]]) -> list[Any]:
-        """``reset(seed)`` then one step per action, on the session: the step results."""
+    def replay(self, seed: int, actions: list[dict[str, Any]]) -> list[Answer]:
+        """``reset(seed)`` then one step per action, on the session: the step results,
+        each checked (``openenv_answers.read_answer``)."""
 
-        def play(env: Any) -> list[Any]:
-            env.reset(seed=seed)
-            results = []
-            for action in actions:
-                results.append(env.step(action))
+        def play(env: Any) -> list[Answer]:
+            read_answer(env.reset(seed=seed), self.where, f"reset(seed={seed})")
+            results: list[Answer] = []
+            for number, action in enumerate(actions, 1):
+                results.append(read_answer(env.step(action), self.where,
+                                           f"step {number} of the episode of seed {seed}"))
                 if results[-1].done:
                     break
             return results
 
         return list(self.sessions.run(f"the episode of seed {seed}", play))
 
-    def observation_text(self, result: Any) -> str:
-        """What the policy is shown of a step's observation."""
-        return self._prompt_text(dict(result.observation or {}))
+    def observation_text(self, result: Answer) -> str:
+        """What the policy is shown of a step's observation (held to the prompt limit)."""
+        return held_prompt(self._prompt_text(result.observation), self.where,
+                           "a step of an episode")
 
     def _episode(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
         """The reply's episode played: its reward and markers."""
@@ -363,12 +368,10 @@ class OpenEnvEnv(DatasetAdapter):
                 f"{self.where}: the episode of seed {seed} is not done after the policy's "
                 "reply: for episodes of several steps give --env-arg max_turns=N (each "
                 "turn a step)")
-        reward = result.reward
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(
-                reward):
-            raise PosttrainError(f"{self.where}: the episode of seed {seed} ended with reward "
-                                 f"{reward!r}; a reward must be a finite number")
-        return float(reward), {"action_ok": 1.0}
+        if result.reward is None:  # its type and size were checked as it was read
+            raise PosttrainError(f"{self.where}: the episode of seed {seed} ended with no "
+                                 "reward; a reward must be a finite number")
+        return result.reward, {"action_ok": 1.0}
 
     def _graded(self, reply: str, case: Case) -> tuple[float, dict[str, float]]:
         """The reply's episode, played once: ``score`` and ``markers`` read the same one."""

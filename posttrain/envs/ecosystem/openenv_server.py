@@ -74,19 +74,26 @@ def read_by(answer: Any, deadline: float, limit: int, what: str, url: str) -> by
     while size < limit:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise PosttrainError(f"{what}: {url} did not finish its answer in time "
-                                 f"({size} bytes read); raise --env-arg timeout_s")
+            raise late(what, url, size)
         # the next read waits no longer than the deadline (http.client keeps the socket
         # in its reader; without it a silent server holds each read for the full timeout)
         sock = getattr(getattr(answer.fp, "raw", None), "_sock", None)
         if sock is not None:
             sock.settimeout(left)
-        chunk = answer.read1(min(65536, limit - size))
+        try:
+            chunk = answer.read1(min(65536, limit - size))
+        except TimeoutError:  # the deadline came inside a read
+            raise late(what, url, size) from None
         if not chunk:
             break
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def late(what: str, url: str, size: int) -> PosttrainError:
+    return PosttrainError(f"{what}: {url} did not finish its answer in time ({size} bytes "
+                          "read); raise --env-arg timeout_s")
 
 
 class SameHostRedirects(urllib.request.HTTPRedirectHandler):

@@ -74,6 +74,9 @@ class SessionPool:
                 if session is None:
                     session = self.open_session()
                 result = play(session)
+            except PosttrainError:  # an answer of the wrong shape: said as it is
+                self._forget(session)
+                raise
             except Exception as error:
                 self._forget(session)
                 if fresh and CAPACITY_CODE in str(error) and self._lower_limit():

@@ -62,10 +62,10 @@ class StepDesk:
         results = self.env.replay(self.seed, [*self.actions, action])
         self.actions.append(action)
         last = results[-1]
-        reward = last.reward if isinstance(last.reward, (int, float)) else None
+        reward = last.reward  # checked as it was read (openenv_answers)
         if reward is not None:
-            self.rewards.append(float(reward))
-        self.done = bool(last.done)
+            self.rewards.append(reward)
+        self.done = last.done
         text = self.env.observation_text(last) + (
             f"\n(reward {reward:g}{', done' if self.done else ''})" if reward is not None
             else ("\n(done)" if self.done else ""))
