@@ -85,14 +85,15 @@ def test_every_command_takes_numerics_with_help():
     assert "OMP_WAIT_POLICY=PASSIVE" in help_text and "POSTTRAIN_NUMERICS" in help_text
 
 
-def _plan_only(tmp_path: Path, *flags: str, environ: dict[str, str] | None = None) -> dict:
-    """``posttrain grpo --plan-only`` on starter-2m in a fresh process, with none of the
+def _plan_only(tmp_path: Path, model: str, *flags: str,
+               environ: dict[str, str] | None = None) -> dict:
+    """``posttrain grpo --plan-only`` on ``model`` in a fresh process, with none of the
     deciding variables inherited; its config's record of the process's numerics."""
     env = {key: value for key, value in os.environ.items() if key not in DECIDING}
     env.update(environ or {}, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     runs = tmp_path / "runs"
     result = subprocess.run(
-        [sys.executable, "-m", "posttrain", "grpo", "--base-model", "starter-2m", "--prompts",
+        [sys.executable, "-m", "posttrain", "grpo", "--base-model", model, "--prompts",
          "40", "--eval-samples", "1", "--plan-only", "--runs-dir", str(runs), "--run-name",
          "n", *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -104,11 +105,13 @@ def test_a_starter_run_computes_pinned_and_a_native_one_on_its_cpu(starter_2m_fo
                                                                      tmp_path):
     import torch
 
-    pinned = _plan_only(tmp_path / "a")
+    pinned = _plan_only(tmp_path / "a", "starter-2m")
     assert pinned["cpu_capability"] == "AVX2" and pinned["torch_threads"] == PINNED_THREADS
     assert {name: pinned[name] for name in PINNED_KERNELS} == PINNED_KERNELS
     assert pinned["OMP_WAIT_POLICY"] == "PASSIVE"
-    native = _plan_only(tmp_path / "b", "--numerics", "native")
+    # a model named by its folder is a real model to auto: native (by name, starter-2m
+    # native would be a build of its own, keyed by those numerics: minutes)
+    native = _plan_only(tmp_path / "b", str(starter_2m_folder))
     assert native["ATEN_CPU_CAPABILITY"] is None and native["OMP_WAIT_POLICY"] == "PASSIVE"
     # the CPU's own kernels: what a torch with nothing set picks here
     fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu."
