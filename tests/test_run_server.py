@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from posttrain.runs.ops import RunStoreError
 from posttrain.runs.server import serve, start_in_thread
 from posttrain.runs.store import HttpRunStore, SqliteRunStore, open_run
 
@@ -81,11 +82,14 @@ def test_ingest_refuses_a_missing_or_wrong_token(server):
     assert ingest(server, [CREATE])[0] == 200
 
 
-def test_http_store_with_a_wrong_token_warns_once_and_stops_sending(server, capsys):
+def test_a_run_the_server_refuses_stops_before_training_and_later_refusals_warn_once(
+        server, capsys):
     store = HttpRunStore(server.url, "wrong", flush_seconds=0.05)
-    run = open_run("refused", {}, store=store)
-    for step in range(50):
-        run.log(step, {"loss": 1.0})
+    with pytest.raises(RunStoreError, match=r"refused run 'refused' \(HTTP 401\).*nothing "
+                                            r"was trained.*POSTTRAIN_TOKEN"):
+        open_run("refused", {}, store=store)
+    for step in range(50):  # a refusal after the start (a token revoked): said once
+        store.log_metrics("refused", step, {"loss": 1.0})
     store.close()
     assert capsys.readouterr().err.count("refused the token") == 1
     assert request(server.url + "/api/runs")[1]["runs"] == []
@@ -387,3 +391,19 @@ def test_the_metrics_csv_is_one_bounded_query(server, monkeypatch):
                                 timeout=10) as answer:
         assert answer.read().decode().splitlines()[1:] == [
             line for line in lines if line.startswith("m0007,")]
+
+
+def test_a_recipe_whose_run_the_server_refuses_exits_2_leaving_nothing(
+        server, starter_2m_folder, tmp_path, monkeypatch, capsys):
+    from posttrain.cli import main
+
+    monkeypatch.setenv("POSTTRAIN_SERVER", server.url)
+    monkeypatch.setenv("POSTTRAIN_TOKEN", "a-token-the-server-does-not-know")
+    runs = tmp_path / "runs"
+    code = main(["sft", "--base-model", "starter-2m", "--prompts", "40", "--steps", "2",
+                 "--eval-samples", "1", "--runs-dir", str(runs), "--run-name", "taken"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "refused run 'taken' (HTTP 401)" in err and "nothing was trained" in err, err
+    assert not (runs / "taken").exists()  # no folder, no metrics, no config
+    assert request(server.url + "/api/runs")[1]["runs"] == []

@@ -113,8 +113,11 @@ def test_every_door_of_the_run_server_and_the_dashboard(tmp_path):
     server.start()
     try:
         http, sockets = doors(server)
-        reads = {(method, path) for method, path in http if method == "GET"}
-        tried = try_every_http_door(server, open_doors=reads)  # reads open (docs/security.md)
+        # reads are open but a run's rows and replies, its owner's (docs/security.md)
+        user_data = {("GET", "/api/runs/x/samples"), ("GET", "/api/runs/x/rows.x")}
+        assert user_data <= set(http)
+        reads = {(method, path) for method, path in http if method == "GET"} - user_data
+        tried = try_every_http_door(server, open_doors=reads)
         assert tried.get("GET", 0) >= 10 and tried.get("POST", 0) >= 1 and not sockets
     finally:
         server.shutdown()
@@ -276,3 +279,56 @@ def test_posttrains_openenv_client_sends_the_served_token(served, monkeypatch):
         assert len(env.write_prompts(2, seed=0)) == 2
     finally:
         env.close()
+
+
+BOB_TOKEN = "bob-token-0123456789abcdefgh"
+
+
+def read_as(url: str, path: str, token: str | None) -> int:
+    return ask(url, "GET", path, headers=bearer(token) if token else None)
+
+
+def test_a_runs_rows_and_replies_are_read_by_its_owner_and_the_administrator(tmp_path):
+    """docs/security.md, "What listens": with credentials, graded rows and kept replies
+    (every prompt and reply) go to the run's owner and the administrator only; the run's
+    record and curves stay open to readers; without credentials (loopback) all is open."""
+    from posttrain.runs.http_store import HttpRunStore
+    from posttrain.ui.app import dashboard_server
+
+    alice = next(iter(TOKENS))
+    runs_root = tmp_path / "runs"
+    runs_root.mkdir()
+    server = dashboard_server(tmp_path / "runs.db", port=0, token=ADMIN_TOKEN,
+                              runs_root=runs_root, tokens={**TOKENS, BOB_TOKEN: "bob"})
+    server.start()
+    try:
+        store = HttpRunStore(server.url, alice)
+        store.create_run("alices", {"recipe": "grpo", "settings": {}})
+        store.log_samples("alices", 2, [{"prompt": "secret", "reply": "r"}], "monitor")
+        store.finish_run("alices", {"verdict": "moved"}, "done")
+        store.close()
+        folder = runs_root / "alices"
+        folder.mkdir()
+        (folder / "holdout_after.jsonl").write_text(json.dumps(
+            {"prompt": "secret", "reply": "r", "score": 1.0, "category": "c"}) + "\n")
+        user_data = ["/api/runs/alices/samples?which=after",
+                     "/api/runs/alices/samples?which=monitor&step=2",
+                     "/api/runs/alices/rows.json?which=after",
+                     "/api/runs/alices/rows.csv?which=after"]
+        for path in user_data:
+            assert read_as(server.url, path, None) == 401, path  # anonymous
+            assert read_as(server.url, path, BOB_TOKEN) == 403, path  # another person
+            assert read_as(server.url, path, alice) == 200, path  # the owner
+            assert read_as(server.url, path, ADMIN_TOKEN) == 200, path  # the administrator
+        for path in ("/api/runs/alices", "/api/runs", "/runs/alices"):
+            assert read_as(server.url, path, None) == 200, path  # the record stays open
+    finally:
+        server.shutdown()
+        server.server_close()
+    open_server = dashboard_server(tmp_path / "open.db", port=0, runs_root=runs_root)
+    open_server.start()
+    try:  # no credentials: a loopback server, whoever reaches it is the administrator
+        assert read_as(open_server.url, user_data[2], None) in (200, 404)
+    finally:
+        open_server.shutdown()
+        open_server.server_close()

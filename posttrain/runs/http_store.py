@@ -34,12 +34,14 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from posttrain.errors import PosttrainError
 from posttrain.foreign_answers import quoted
 from posttrain.http_core import error_text
-from posttrain.runs.ops import OpWriter, validate_op
+from posttrain.jsonl import to_jsonable
+from posttrain.runs.ops import OpWriter, RunStoreError, validate_op
 
 INGEST_PATH = "/api/ingest"
 #: the most of an answer the sender reads: the acknowledgment is a few dozen bytes
@@ -108,6 +110,7 @@ class HttpRunStore(OpWriter):
         self._warned: set[str] = set()  # kinds of warning already printed
         self._closed = False
         self.dropped = 0  # ops lost to a full buffer or a refused batch
+        self.refusal: tuple[int, str] | None = None  # the last refusal's status and words
         self.sent = 0
         self.errors = 0
         self._thread = threading.Thread(target=self._send_loop, name="posttrain-run-sender",
@@ -241,9 +244,32 @@ class HttpRunStore(OpWriter):
                 self._inflight = None
             backoff = 0.0
 
-    def _post(self, batch_id: str, ops: list[dict[str, Any]]) -> str:
+    def create_run(self, name: str, config: Mapping[str, Any],
+                   started: float | None = None) -> None:
+        """Start run ``name``. Its ``create`` is sent now, not batched: a server that
+        refuses it (a token it does not know, a name another person's run holds) stops
+        the command before anything trains (``RunStoreError``, exit 2), rather than
+        training a run nobody will see. An unreachable server is retried in the
+        background, as every op is (training goes on)."""
+        op = validate_op({"op": "create", "run": name, "config": to_jsonable(dict(config)),
+                          "time": started})
+        outcome = self._post(uuid.uuid4().hex, [op], say_refusal=False)
+        if outcome == "sent":
+            return
+        if outcome == "unreachable":
+            self.submit(op)
+            return
+        code, message = self.refusal or (None, "its answer was not an acknowledgment")
+        raise RunStoreError(
+            f"run store server {self.server_url} refused run {name!r}"
+            f"{f' (HTTP {code})' if code else ''}: {message}; nothing was trained. "
+            + ("Check POSTTRAIN_TOKEN, or choose another --run-name." if code in (401, 403)
+               else "Is POSTTRAIN_SERVER the address `posttrain ui` printed?"))
+
+    def _post(self, batch_id: str, ops: list[dict[str, Any]], say_refusal: bool = True) -> str:
         """Post one batch: "sent", "refused" (4xx or an answer that is not the run
-        server's acknowledgment: do not retry) or "unreachable" (retry)."""
+        server's acknowledgment: do not retry; said on stderr unless ``say_refusal`` is
+        False, kept in ``refusal`` either way) or "unreachable" (retry)."""
         body = json.dumps({"batch": batch_id, "ops": ops}).encode("utf-8")
         try:
             request = urllib.request.Request(self.server_url + INGEST_PATH, data=body,
@@ -259,6 +285,9 @@ class HttpRunStore(OpWriter):
                 self._warn_unreachable(f"HTTP {error.code}")
                 return "unreachable"
             message = _error_message(error)
+            self.refusal = (error.code, message)
+            if not say_refusal:
+                return "refused"
             if error.code in (401, 403):
                 with self._wake:
                     self._disabled = True
@@ -280,6 +309,9 @@ class HttpRunStore(OpWriter):
             return "unreachable"
         if not _is_acknowledgment(answer):
             self.errors += 1
+            self.refusal = None
+            if not say_refusal:
+                return "refused"
             self._warn_once("garbage", f"posttrain: run store server {self.server_url} "
                             "answered something that is not a posttrain run server's "
                             f"acknowledgment: {quoted(answer)}; a batch of {len(ops)} "

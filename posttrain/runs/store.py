@@ -230,6 +230,21 @@ class RunHandle:
         self.restored = False
         self.start_heartbeat(heartbeat_seconds)
 
+    def discard(self) -> None:
+        """The run was refused before it started: close the store when the handle owns it
+        and remove the metrics file it opened (the run folder is its claim's to remove)."""
+        self.finished = True
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+            assert self.run_dir is not None
+            (self.run_dir / METRICS_FILENAME).unlink(missing_ok=True)
+        if self._owns_store:
+            try:
+                self.store.close()
+            except Exception:  # closing after a refusal: what it says adds nothing
+                pass
+
     def start_heartbeat(self, interval: float | None) -> None:
         """Send a heartbeat every ``interval`` seconds until the run is finished (None or 0:
         no heartbeat; a second call while one beats changes nothing)."""
@@ -445,6 +460,10 @@ def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None
                 handle.replaced_ops = list(run_ops(store, earlier))
         except Exception as error:  # then only the new record is kept, as before
             handle._warn("read the run it replaces", error)
-    handle._guard("create the run", store.create_run, dict(config), None)
+    try:
+        handle._guard("create the run", store.create_run, dict(config), None)
+    except BaseException:  # refused (a run server that says no): the handle leaves nothing
+        handle.discard()
+        raise
     handle.start_heartbeat(heartbeat_seconds)
     return handle

@@ -204,12 +204,23 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
         "versions": _versions(),
     }
     folder = prepared.folder
-    folder.write_json("config.json", config)
     # one record of the run: the main process's (the others log nothing)
     replacing = new_run is not None and new_run.aside is not None  # --overwrite
-    run = (open_run(settings.run_name, config, run_dir=folder.path, runs_root=prepared.root,
-                    store_url=settings.store, keep_replaced=replacing)
-           if ranks.is_main else NullRun())
+    try:
+        run = (open_run(settings.run_name, config, run_dir=folder.path,
+                        runs_root=prepared.root, store_url=settings.store,
+                        keep_replaced=replacing)
+               if ranks.is_main else NullRun())
+    except BaseException:
+        # the store refused the run (a run server that says no): nothing of it is left,
+        # and a run it was to replace is put back
+        if new_run is not None:
+            if replacing:
+                new_run.finish(succeeded=False)
+            else:
+                new_run.abandon()
+        raise
+    folder.write_json("config.json", config)
     page = getattr(run, "url", None) or _local_run_page(prepared.root, settings.run_name)
     where = f"  dashboard: {page}" if page else ""
     say(f"posttrain {prepared.recipe}: run {settings.run_name} -> {folder.path}{where}")

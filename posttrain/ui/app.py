@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from posttrain.access import NOBODY, Caller, made_by
+from posttrain.http_core import TOKEN_HINT
 from posttrain.runs.ops import SAMPLE_SOURCES, RunStoreError, check_run_name
 from posttrain.runs.server import (
     MAX_STEP,
@@ -134,6 +136,24 @@ def add_dashboard(server: RunServer) -> RunServer:
     """
     files = static_files()
 
+    def check_reader(name: str, caller: Caller) -> None:
+        """Graded rows and kept replies are a run's user data (every prompt and reply):
+        on a server with credentials only the run's owner and the administrator read them
+        (401 without a token, 403 with another person's); without credentials the server
+        is on loopback and whoever reaches it is the administrator."""
+        rules = server.rules
+        if rules.token is None and not rules.tokens:
+            return
+        if caller is NOBODY:
+            raise HttpError(401, f"run {name!r}'s graded rows and replies are its owner's: "
+                                 f"{TOKEN_HINT} (the owner's or the administrator's)")
+        known = server.store.get_run(name)
+        owner = known["owner"] if known is not None else None
+        if not caller.may_change(owner):
+            raise HttpError(403, f"run {name!r}'s graded rows and replies are its owner's "
+                                 f"(it was {made_by(owner)}); only they and the server's "
+                                 "--token read them")
+
     def run_list(request: Request) -> Response:
         return _page("runs.html")
 
@@ -167,6 +187,7 @@ def add_dashboard(server: RunServer) -> RunServer:
             name = check_run_name(request.match["name"])
         except RunStoreError as error:
             raise HttpError(400, str(error)) from None
+        check_reader(name, request.caller)
         which = request.choice_param("which", "after", [*SAMPLE_FILES, *SAMPLE_SOURCES])
         checks = server.store.sample_checks(name)
         if which in SAMPLE_SOURCES:
@@ -196,6 +217,7 @@ def add_dashboard(server: RunServer) -> RunServer:
             name = check_run_name(request.match["name"])
         except RunStoreError as error:
             raise HttpError(400, str(error)) from None
+        check_reader(name, request.caller)
         which = request.choice_param("which", "after", list(SAMPLE_FILES))
         path = server.runs_root / name / SAMPLE_FILES[which]
         rows = read_samples(path, limit=None, fields=None)
