@@ -192,3 +192,72 @@ def test_any_batch_touching_a_run_of_another_applies_nothing(tmp_path_factory, k
         with pytest.raises(NotYours, match="created by alice"):
             store.apply(batch, owner="bob", caller=Caller("bob"))
         assert (store.get_run("alice-run"), store.get_run("bob-run")) == before
+
+
+def folder_digest(folder) -> str:
+    return hashlib.sha256(b"\0".join(
+        path.relative_to(folder).as_posix().encode() + path.read_bytes()
+        for path in sorted(folder.rglob("*")) if path.is_file())).hexdigest()
+
+
+def real_run_folder(runs_root, name: str, run_id: str = "a1b2c3") -> tuple:
+    """A run's folder as a recipe leaves it (its config names a run id), with no record."""
+    folder = runs_root / name
+    folder.mkdir()
+    config = {**RUN_CONFIG, "run_id": run_id, "resolved": {}, "data": {}, "versions": {}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "summary.json").write_text('{"verdict": "moved"}')
+    return folder, config
+
+
+def test_owners_beyond_the_record_a_folder_without_a_record_is_claimed_only_by_the_admin(
+        tmp_path):
+    """The record-less folder (a store rebuilt after damage, a folder copied in): another
+    person's create for its name is refused and the folder stays byte-identical; the
+    administrator may claim it."""
+    runs_root = tmp_path / "runs"
+    runs_root.mkdir()
+    folder, _ = real_run_folder(runs_root, "copied-in")
+    before = folder_digest(folder)
+    server = dashboard_server(str(tmp_path / "posttrain.db"), "127.0.0.1", 0, ADMIN_TOKEN,
+                              runs_root=runs_root, tokens={ALICE: "alice", BOB: "bob"})
+    start_in_thread(server)
+    try:
+        create = {"ops": [{"op": "create", "run": "copied-in", "config": {"recipe": "x"},
+                           "time": time.time()}]}
+        status, answer = post(server.url, "/api/ingest", create, BOB)
+        assert status == 403 and "only the server's --token may claim it" in \
+            answer["error"]["message"]
+        assert post(server.url, "/api/runs/copied-in/delete", {"force": True}, BOB)[0] == 403
+        assert folder_digest(folder) == before and server.store.get_run("copied-in") is None
+        assert post(server.url, "/api/ingest", create, ADMIN_TOKEN)[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_record_the_folders_run_did_not_write_deletes_no_folder(tmp_path):
+    """The second store: a dashboard on another store over the same runs folder holds a
+    record of the name its own create wrote (no run id of the folder's). Deleting it
+    removes that record and leaves the folder; the record the folder's own run wrote
+    (its run id) deletes the folder with it."""
+    from posttrain.runs.removal import delete_run
+    from posttrain.runs.sqlite_store import SqliteRunStore
+
+    runs_root = tmp_path / "runs"
+    runs_root.mkdir()
+    folder, config = real_run_folder(runs_root, "shared-name")
+    before = folder_digest(folder)
+    second = SqliteRunStore(tmp_path / "second.db")
+    try:
+        second.create_run("shared-name", {**config, "run_id": "not-the-folders"})
+        second.finish_run("shared-name", {}, "done")
+        deleted = delete_run(second, runs_root, "shared-name")
+        assert deleted.record and deleted.folder is None and deleted.kept == folder
+        assert folder_digest(folder) == before
+        second.create_run("shared-name", config)  # what the folder's own run wrote
+        second.finish_run("shared-name", {}, "done")
+        deleted = delete_run(second, runs_root, "shared-name")
+        assert deleted.folder == folder and not folder.exists()
+    finally:
+        second.close()

@@ -200,6 +200,39 @@ def is_run_folder(path: Path) -> bool:
     return isinstance(config, dict) and "recipe" in config and "settings" in config
 
 
+def folder_config(path: Path) -> dict[str, Any] | None:
+    """The run folder's ``config.json`` as an object, or None."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def record_made_folder(path: Path, record_config: Any) -> bool:
+    """Was the store's record of a run written by the run that made the folder at
+    ``path``? Every recipe puts one ``run_id`` in both its ``config.json`` and the record it
+    creates; a record another process ingested for the same name (a folder copied in, a
+    dashboard on a second store, a name claimed after a store was rebuilt) does not know
+    it (the folder's config is served nowhere before its run's record exists). A folder
+    from before run ids proves it by holding the record's config (``LEGACY_PROOF_KEYS``)."""
+    config = folder_config(path)
+    if config is None or not isinstance(record_config, dict):
+        return False
+    if "run_id" in config:
+        return record_config.get("run_id") == config["run_id"]
+    if record_config == config:
+        return True
+    # a run that added to its config.json after its record (a cold start's shape did)
+    return all(key in config and record_config.get(key) == config[key]
+               for key in LEGACY_PROOF_KEYS)
+
+
+#: what a record of a run from before run ids must hold exactly as its folder's config
+#: does (the recipe, every setting, what it resolved, its data and library versions)
+LEGACY_PROOF_KEYS = ("recipe", "settings", "resolved", "data", "versions")
+
+
 def create_run_folder(new: NewRun) -> RunFolder:
     """Make the run's folder ready for its files, once the model has loaded: a replaced
     run's folder is moved aside (``.<name>.replaced-<id>``, put back by ``NewRun.finish``

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from posttrain.access import ADMIN, Caller
 from posttrain.runs.claim import LOCK_FILE, is_live
-from posttrain.runs.folder import is_run_folder
+from posttrain.runs.folder import is_run_folder, record_made_folder
 from posttrain.runs.ops import RunStillAlive, RunStoreError, check_run_name
 from posttrain.runs.sql import check_owner
 from posttrain.runs.sql_store import SqlRunStore
@@ -43,8 +43,9 @@ class DeletedRun:
             [f"its folder {self.folder}"] if self.folder is not None else [])
         line = f"deleted run {self.name!r}: " + " and ".join(parts)
         if self.kept is not None:
-            line += (f"; {self.kept} stays: it holds no run's config.json, so posttrain did "
-                     "not make it for a run")
+            line += (f"; {self.kept} stays: it holds no config.json of the run this record "
+                     "is of (no run's at all, or another's: its run id differs), so the "
+                     "record's run did not make it")
         return line
 
 
@@ -79,7 +80,10 @@ def delete_run(store: SqlRunStore, runs_root: Path, name: str, *,
     # a folder is the run's only when posttrain wrote a run's config there (a link: when
     # what it points at is one); a store record alone proves nothing, since anyone who may
     # write to the store can claim a name (an ingested create for a folder that exists)
-    is_run = has_folder and is_run_folder(folder)
+    # and, when the store has a record, only when that record was written by the run that
+    # made the folder (its run_id): another's record of the name cannot take the folder
+    is_run = has_folder and is_run_folder(folder) and (
+        known is None or record_made_folder(folder, known.get("config")))
     if known is None and not is_run:
         if has_folder:
             raise NoSuchRun(f"{folder} is not a posttrain run (no record in {store.location}, no "

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from posttrain.access import Caller
 from posttrain.http_core import (
     Handler,
     HttpError,
@@ -37,6 +38,7 @@ from posttrain.http_core import (
     Rules,
     json_response,
 )
+from posttrain.runs.folder import is_run_folder
 from posttrain.runs.ops import (
     NotYours,
     RunStillAlive,
@@ -150,6 +152,31 @@ def _store_call(call: Any, *args: Any, **kwargs: Any) -> Any:
         raise HttpError(400, str(error)) from None
 
 
+def check_folder_claims(server: RunServer, ops: Any, caller: Caller) -> None:
+    """Owners beyond the record: a tokens-file name's ``create`` for a name whose folder
+    already holds a run (a folder copied in, one whose record was lost with a damaged
+    store, one a dashboard on another store made) is refused, 403, unless that name owns
+    the record of it; only the administrator may claim such a folder. (A run writing to
+    its own folder sends its create before its ``config.json`` exists.)"""
+    if not caller.restricted or not isinstance(ops, list):
+        return
+    for op in ops:
+        if not isinstance(op, dict) or op.get("op") != "create" or not isinstance(
+                op.get("run"), str):
+            continue
+        try:
+            name = check_run_name(op["run"])
+        except RunStoreError:
+            continue  # the store refuses it with its own words
+        if not is_run_folder(server.runs_root / name):
+            continue
+        known = server.store.get_run(name)
+        if known is None or known.get("owner") != caller.name:
+            raise HttpError(403, f"run {name!r}: its folder holds a run that was not "
+                                 f"created with this token; only the server's --token may "
+                                 "claim it (choose another run name)")
+
+
 def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
     """The API routes of a run server (the dashboard adds its own after these)."""
     store = server.store
@@ -161,6 +188,7 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
         batch_id = payload.get("batch")
         if batch_id is not None and (not isinstance(batch_id, str) or len(batch_id) > 100):
             raise HttpError(400, "'batch' must be a string of at most 100 characters")
+        check_folder_claims(server, payload["ops"], request.caller)
         try:
             # a named token writes only to its own runs and new ones, checked in the same
             # transaction as the write (nothing applied on a refusal)

@@ -39,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -187,6 +188,9 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
     ranks, data = prepared.ranks, prepared.data
     config = {
         "recipe": prepared.recipe,
+        # one id in config.json and in the store's record: the proof that the record was
+        # written by the run that made the folder (what deleting the folder asks for)
+        "run_id": uuid.uuid4().hex,
         "settings": settings.to_config(),
         "resolved": {
             "learning_rate": learning_rate,
