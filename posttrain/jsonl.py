@@ -78,7 +78,24 @@ def read_jsonl_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str,
             ) from None
         if not isinstance(item, dict):
             raise InputFileError(str(path), line_number, None, "expected a JSON object")
+        if "\\ud" in line.lower():  # an escaped UTF-16 surrogate: text only as a pair
+            field = lone_surrogate_field(item)
+            if field is not None:
+                raise InputFileError(str(path), line_number, field,
+                                     "holds a lone UTF-16 surrogate (an escape such as "
+                                     "\\ud800 without its pair), which is not text")
         yield line_number, item
+
+
+def lone_surrogate_field(item: dict[str, Any]) -> str | None:
+    """The first field of ``item`` whose name or value holds a lone surrogate (JSON lets
+    ``"\\ud800"`` through; no UTF-8 file can hold it, so writing it back would fail)."""
+    for key, value in item.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return key.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+    return None
 
 def to_jsonable(value: Any) -> Any:
     """A copy of ``value`` that ``json.dumps`` accepts without losing precision.

@@ -65,3 +65,16 @@ def short_line(error: BaseException, limit: int = 200) -> str:
     raised by someone else's code (a user's hook can raise with a page of text)."""
     line = error_line(error)
     return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words, for a message refusing it ("an object", "a list",
+    "a string", "a number", "a boolean", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value),
+                                                                     type(value).__name__)

@@ -284,6 +284,40 @@ def test_a_per_document_value_that_is_no_finite_number_is_named(tmp_path, capsys
     assert f"{bad}:3" in err and said in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("field, replacement, said", [
+    ("doc_id", '"doc_id": {"a": 1}', "field 'doc_id': expected a whole number or a string, "
+                                     "got an object"),
+    ("doc_id", '"doc_id": [1]', "field 'doc_id': expected a whole number or a string, got a list"),
+    ("metrics", '"metrics": 3', "field 'metrics': expected a list of metric names, got a number"),
+    ("metrics", '"metrics": [1]', "field 'metrics': expected a list of metric names, got a list"),
+    ("filter", '"filter": 7', "field 'filter': expected a string, got a number"),
+    ("doc", '"doc": {"q": "\\ud800"}', "field 'doc': holds a lone UTF-16 surrogate"),
+])
+def test_an_lm_eval_field_of_the_wrong_type_is_named_by_file_line_and_field(
+        tmp_path, capsys, field, replacement, said):
+    import re
+
+    good = lm_eval_samples(tmp_path / "samples_t_2026-01-01T00-00-00.jsonl", [1, 0, 1, 0])
+    raw = good.read_text().splitlines()
+    pattern = {"doc_id": r'"doc_id": 2', "metrics": r'"metrics": \["acc"\]',
+               "filter": r'"filter": "none"', "doc": r'"doc": \{"q": "q2"\}'}[field]
+    raw[2] = re.sub(pattern, lambda _: replacement, raw[2])
+    bad = tmp_path / "samples_t_2026-01-02T00-00-00.jsonl"
+    bad.write_text("\n".join(raw) + "\n")
+    assert main(["eval", "--compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3" in err and said in err and "Traceback" not in err, err
+
+
+def test_a_prompts_file_with_a_lone_surrogate_is_named_by_line_and_field(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Where is ORD-1?", "scenario_id": "s1"}\n'
+                       '{"prompt": "Refund ORD-2", "scenario_id": "s\\udc80"}\n')
+    assert main(["prompts", "stats", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert f"{prompts}:2: field 'scenario_id': holds a lone UTF-16 surrogate" in err, err
+
+
 def test_a_document_counted_twice_is_refused_with_its_id(tmp_path, capsys):
     good = lm_eval_samples(tmp_path / "samples_t_2026-01-01T00-00-00.jsonl", [1, 0, 1, 0])
     twice = tmp_path / "samples_t_2026-01-02T00-00-00.jsonl"

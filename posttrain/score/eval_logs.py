@@ -34,6 +34,7 @@ from typing import Any
 from posttrain.errors import InputFileError, PosttrainError
 from posttrain.jsonl import read_jsonl_objects
 from posttrain.score.rows import load_rows
+from posttrain.text import json_kind
 
 POSTTRAIN_ROWS, INSPECT_LOG, LM_EVAL_SAMPLES = "posttrain rows", "inspect log", "lm-eval samples"
 #: the category of a row whose log names none (as ``load_rows`` defaults it)
@@ -314,14 +315,33 @@ def _lm_eval_choice(lines: list[tuple[int, dict[str, Any]]], score: str | None,
     """The metric and filter ``--score METRIC[,FILTER]`` names (default: the first)."""
     metrics: dict[str, None] = {}
     filters: dict[str, None] = {}
-    for _, item in lines:
+    for line_number, item in lines:
+        check_lm_eval_fields(item, path, line_number)
         for name in item.get("metrics") or []:
-            metrics.setdefault(str(name), None)
+            metrics.setdefault(name, None)
         filters.setdefault(str(item.get("filter", "none")), None)
     wanted_metric, _, wanted_filter = (score or "").partition(",")
     metric = _chosen(wanted_metric or None, list(metrics), path, "metric")
     chosen_filter = _chosen(wanted_filter or None, list(filters), path, "filter")
     return metric, chosen_filter
+
+
+def check_lm_eval_fields(item: dict[str, Any], path: Path, line_number: int) -> None:
+    """The fields posttrain reads of an lm-eval sample, of the types lm-eval writes:
+    ``doc_id`` a whole number or a string, ``metrics`` a list of names, ``filter`` a
+    string; ``InputFileError`` naming the file, the line and the field otherwise."""
+    doc_id = item.get("doc_id")
+    if "doc_id" in item and (isinstance(doc_id, bool) or not isinstance(doc_id, (int, str))):
+        raise InputFileError(str(path), line_number, "doc_id",
+                             f"expected a whole number or a string, got {json_kind(doc_id)}")
+    names = item.get("metrics")
+    if names is not None and (not isinstance(names, list)
+                              or not all(isinstance(name, str) for name in names)):
+        raise InputFileError(str(path), line_number, "metrics",
+                             f"expected a list of metric names, got {json_kind(names)}")
+    if not isinstance(item.get("filter", "none"), str):
+        raise InputFileError(str(path), line_number, "filter",
+                             f"expected a string, got {json_kind(item['filter'])}")
 
 
 def _metric_value(value: Any) -> float | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from posttrain.envs.base import MAX_PROMPT_CHARS
 from posttrain.errors import PosttrainError
+from posttrain.text import json_kind
 
 #: the largest reward magnitude taken: its square and a group's sum stay finite in float64
 #: and far from float32's range after normalisation (a reward beyond it is a bug or an
@@ -35,26 +36,11 @@ class Answer:
     done: bool = False
 
 
-def kind(value: Any) -> str:
-    """A JSON value's kind, for a message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object" if isinstance(value, dict) else type(value).__name__
-
-
 def read_answer(result: Any, where: str, what: str) -> Answer:
     """``result`` (OpenEnv's ``StepResult``) checked (module docstring); ``where``: the
     environment, ``what``: the call (``reset(seed=3)``)."""
     def refuse(name: str, expected: str, value: Any) -> PosttrainError:
-        return PosttrainError(f"{where}: {what} answered {name} as {kind(value)}; expected "
+        return PosttrainError(f"{where}: {what} answered {name} as {json_kind(value)}; expected "
                               f"{expected}")
 
     observation = getattr(result, "observation", None)
@@ -84,7 +70,7 @@ def read_reward(value: Any, where: str, what: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PosttrainError(f"{where}: {what} answered a reward that is {kind(value)}; "
+        raise PosttrainError(f"{where}: {what} answered a reward that is {json_kind(value)}; "
                              "a reward must be a finite number")
     if isinstance(value, int) and abs(value) > MAX_REWARD:  # before float(): no overflow
         reward = math.inf
