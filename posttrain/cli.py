@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import signal
 import sys
+import threading
 from typing import NoReturn
 
 from posttrain.commands.cpu_flag import add_numerics_flag, set_up_cpu_from_args
@@ -110,7 +112,31 @@ def run() -> NoReturn:
         code = SIGTERM_EXIT_CODE if isinstance(interrupt, Terminated) else 130
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is over: only cleanup is left
     forget_uncaught_interrupt()
+    if code in (130, SIGTERM_EXIT_CODE):
+        exit_by_deadline(code, INTERRUPTED_CLEANUP_S)
     sys.exit(code)
+
+
+#: what an interrupted command's cleanup gets before the process ends regardless
+INTERRUPTED_CLEANUP_S = 1.5
+
+
+def exit_by_deadline(code: int, seconds: float) -> None:
+    """After an interrupt the command is over, and what is left gets ``seconds``: the exit's
+    cleanup (a dashboard's last batch, a served app's stop) and the threads Python waits
+    for at exit. A thread stuck in someone else's call (an OpenEnv step a hung server
+    never answers, up to its ``timeout_s``) would otherwise keep the process alive after
+    it said "interrupted"; past the deadline the process ends with ``code`` anyway."""
+    def end() -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True  # it runs while the exit waits for the others
+    timer.start()
 
 
 def forget_uncaught_interrupt() -> None:

@@ -115,6 +115,21 @@ class SlowArithEnv(ArithEnv):
                 cls.in_flight -= 1
 
 
+class HangingArithEnv(ArithEnv):
+    """Arith whose step never answers in time: it says it started (the file
+    ``$HANG_MARKER`` names) and sleeps a minute, as a server stuck on an episode does."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def step(self, action: ArithAction, timeout_s: float | None = None,
+             **kwargs: Any) -> ArithObservation:
+        import os
+
+        Path(os.environ["HANG_MARKER"]).write_text("stepping")
+        time.sleep(60)
+        return super().step(action, timeout_s, **kwargs)
+
+
 class WordAction(Action):
     word: str
 
@@ -163,3 +178,4 @@ endless_app = _app(EndlessEnv, ArithAction, ArithObservation)
 slow_arith_app = _app(SlowArithEnv, ArithAction, ArithObservation, sessions=2)
 slow_arith_app_b = _app(SlowArithEnv, ArithAction, ArithObservation, sessions=2)
 two_step_app = _app(TwoStepEnv, WordAction, ArithObservation, sessions=1)
+hanging_app = _app(HangingArithEnv, ArithAction, ArithObservation, sessions=2)

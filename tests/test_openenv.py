@@ -385,6 +385,39 @@ def test_ctrl_c_stops_the_run_and_the_app_it_started(starter_2m_folder, tmp_path
     assert not rows.exists()
 
 
+@pytest.mark.slow
+def test_ctrl_c_exits_within_two_seconds_while_an_episode_hangs(starter_2m_folder, tmp_path):
+    """SIGINT while a step hangs on the server (timeout_s a minute away): the command
+    says it was interrupted and the process is gone within 2 s (it lived on until the
+    step's timeout, waiting for the thread stuck in it)."""
+    import signal
+
+    marker = tmp_path / "stepping"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "posttrain", "eval", "--env",
+         "openenv:openenv_examples:hanging_app?prompts=4&timeout_s=60", "--base-model",
+         "starter-2m", "--samples", "1", "--max-new-tokens", "8"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HANG_MARKER": str(marker),
+             "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])})
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), run.stderr.read() if run.poll() is not None else "no step"
+        time.sleep(0.5)  # the step is hanging now
+        interrupted = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        code = run.wait(timeout=30)
+        took = time.monotonic() - interrupted
+    finally:
+        if run.poll() is None:
+            run.kill()
+    err = run.stderr.read()
+    assert code == 130 and "interrupted" in err, err
+    assert took < 3.0, took  # 1.5 s for what is left (2 s on a quiet machine), and slack
+
+
 class ReplayTurns:
     """An agent that says ``turns`` in order, one per assistant turn so far."""
 
@@ -587,6 +620,30 @@ def test_an_openenv_answer_of_the_wrong_shape_is_one_line_naming_the_field(
         server.stop()
     assert said in message and "openenv:http://127.0.0.1" in message, message
     assert "\n" not in message and len(message) < 400, message
+
+
+@pytest.mark.parametrize("schema, said", [
+    ([1, 2], "/schema's answer is a list"),
+    ({"observation": {}}, "/schema's action is null"),
+    ({"action": {"properties": [1, 2]}}, "action properties is a list"),
+    ({"action": {"properties": "reply"}}, "action properties is a string"),
+    ({"action": {"properties": {"reply": "string"}}}, "action field 'reply' is a string"),
+    ({"action": {"properties": {"reply": {"anyOf": "x"}}}}, "field 'reply''s types"),
+    ({"action": {"properties": {"reply": {"type": "string"}}, "required": "reply"}},
+     "action required fields is a string"),
+    ({"action": {"properties": {}}, "observation": []}, "observation is a list"),
+])
+def test_a_schema_of_the_wrong_shape_is_one_line_naming_the_part(schema, said):
+    from posttrain.envs.ecosystem.openenv_server import LocalServer
+
+    server = LocalServer("hostile", hostile_openenv_app(GOOD_RESET, None, schema)).start()
+    try:
+        with pytest.raises(PosttrainError) as refused:
+            get_env(f"openenv:{server.url}?prompts=2")
+    finally:
+        server.stop()
+    message = str(refused.value)
+    assert said in message and "\n" not in message, message
 
 
 def test_a_schema_that_trickles_or_redirects_elsewhere_is_refused_in_time():

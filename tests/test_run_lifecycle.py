@@ -99,7 +99,9 @@ def run_folder(path):
 
 def stale_run(store: SqliteRunStore, name: str) -> None:
     """A run created long ago that never wrote again: lost under the default threshold."""
-    store.create_run(name, {"base_model": "starter"}, started=time.time() - 10 * LOST_AFTER_SECONDS)
+    # the config its folder holds (run_folder): the record a run's own process wrote
+    store.create_run(name, json.loads(RUN_CONFIG),
+                     started=time.time() - 10 * LOST_AFTER_SECONDS)
 
 
 def test_runs_list_shows_lost_runs_and_prints_json(tmp_path, capsys, monkeypatch):
@@ -127,7 +129,7 @@ def test_runs_delete_removes_the_record_and_the_folder_and_refuses_a_live_run(tm
     runs_dir = tmp_path / "runs"
     with SqliteRunStore(runs_dir / "posttrain.db") as store:
         for name in ("done-run", "live-run"):
-            store.create_run(name, {})
+            store.create_run(name, json.loads(RUN_CONFIG))
             store.log_metrics(name, 1, {"loss": 0.5})
             run_folder(runs_dir / name)
             (runs_dir / name / "report.md").write_text("# report\n")

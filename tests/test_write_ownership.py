@@ -226,7 +226,7 @@ def test_owners_beyond_the_record_a_folder_without_a_record_is_claimed_only_by_t
         create = {"ops": [{"op": "create", "run": "copied-in", "config": {"recipe": "x"},
                            "time": time.time()}]}
         status, answer = post(server.url, "/api/ingest", create, BOB)
-        assert status == 403 and "only the server's --token may claim it" in \
+        assert status == 403 and "only the server's --token may claim another's folder" in \
             answer["error"]["message"]
         assert post(server.url, "/api/runs/copied-in/delete", {"force": True}, BOB)[0] == 403
         assert folder_digest(folder) == before and server.store.get_run("copied-in") is None

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from posttrain.access import Caller
+from posttrain.access import Caller, made_by
 from posttrain.http_core import (
     Handler,
     HttpError,
@@ -172,9 +172,11 @@ def check_folder_claims(server: RunServer, ops: Any, caller: Caller) -> None:
             continue
         known = server.store.get_run(name)
         if known is None or known.get("owner") != caller.name:
-            raise HttpError(403, f"run {name!r}: its folder holds a run that was not "
-                                 f"created with this token; only the server's --token may "
-                                 "claim it (choose another run name)")
+            whose = (f"was {made_by(known.get('owner'))}" if known is not None
+                     else "has no record here")
+            raise HttpError(403, f"run {name!r}: its folder holds a run that {whose}; a token "
+                                 "writes only its own runs, and only the server's --token may "
+                                 "claim another's folder (choose another run name)")
 
 
 def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:

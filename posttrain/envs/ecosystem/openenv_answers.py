@@ -1,6 +1,7 @@
 """What an OpenEnv server answered, read in one place and checked against the shape
 posttrain expects, before anything else reads it.
 
+``read_schema`` does the same for ``/schema`` (its action and observation JSON schemas).
 OpenEnv's client hands over whatever JSON the server sent: an observation may be a
 string or a number, its metadata a list, ``done`` the string ``"false"`` (truthy), a
 reward a 4,000-digit integer or ``1.7e308`` (finite, but its square is not: the training
@@ -63,6 +64,41 @@ def read_answer(result: Any, where: str, what: str) -> Answer:
         raise refuse("done", "true or false", done)
     return Answer(observation, metadata, read_reward(getattr(result, "reward", None),
                                                      where, what), done)
+
+
+def read_schema(schema: Any, where: str) -> dict[str, Any]:
+    """``/schema``'s answer, its parts posttrain reads of the types a JSON schema gives
+    them: the action (and the observation, when there is one) an object whose
+    ``properties`` map names to objects, each ``type`` a string and each ``anyOf`` a list
+    of objects, ``required`` a list of names. ``PosttrainError`` naming the part."""
+    def refuse(part: str, expected: str, value: Any) -> PosttrainError:
+        return PosttrainError(f"{where}: its /schema's {part} is {json_kind(value)}; "
+                              f"expected {expected} (is it an OpenEnv server?)")
+
+    if not isinstance(schema, dict):
+        raise refuse("answer", "a JSON object", schema)
+    for part in ("action", "observation"):
+        value = schema.get(part)
+        if value is None and part == "observation":
+            continue
+        if not isinstance(value, dict):
+            raise refuse(part, "a JSON object (a JSON schema)", value)
+        properties = value.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise refuse(f"{part} properties", "an object of fields", properties)
+        for name, spec in properties.items():
+            if not isinstance(spec, dict):
+                raise refuse(f"{part} field {name[:40]!r}", "an object", spec)
+            options = spec.get("anyOf") or [spec]
+            if not isinstance(options, list) or not all(
+                    isinstance(option, dict) and isinstance(option.get("type", ""), str)
+                    for option in options):
+                raise refuse(f"{part} field {name[:40]!r}'s types",
+                             "a type name or a list of them", spec.get("anyOf", spec))
+        required = value.get("required") or []
+        if not isinstance(required, list) or not all(isinstance(n, str) for n in required):
+            raise refuse(f"{part} required fields", "a list of names", required)
+    return schema
 
 
 def read_reward(value: Any, where: str, what: str) -> float | None:

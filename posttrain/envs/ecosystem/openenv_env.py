@@ -59,7 +59,12 @@ from posttrain.envs.ecosystem.dataset_adapter import (
     ScoreCache,
     shared_prefix,
 )
-from posttrain.envs.ecosystem.openenv_answers import Answer, held_prompt, read_answer
+from posttrain.envs.ecosystem.openenv_answers import (
+    Answer,
+    held_prompt,
+    read_answer,
+    read_schema,
+)
 from posttrain.envs.ecosystem.openenv_server import (
     LocalServer,
     get_json,
@@ -220,11 +225,8 @@ class OpenEnvEnv(DatasetAdapter):
         else:
             self.server = local_server(target)
             self.url = self.server.url
-        schema = get_json(f"{self.url}/schema", self.timeout_s, self.where,
-                          headers=token_headers())
-        if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
-            raise PosttrainError(f"{self.where}: its /schema has no action schema "
-                                 "(is it an OpenEnv server?)")
+        schema = read_schema(get_json(f"{self.url}/schema", self.timeout_s, self.where,
+                                      headers=token_headers()), self.where)
         self.action = ActionShape(schema["action"], self.args.get("action_field"), self.where)
         self.prompt_field = self._prompt_field(schema.get("observation") or {})
         self.system = self.action.system_prompt()
@@ -286,13 +288,22 @@ class OpenEnvEnv(DatasetAdapter):
             for result in pool.map(work, items):
                 raise_if_interrupted()  # a Ctrl-C Python dropped stops here, not at the end
                 done.append(result)
-            return done
-        finally:
-            # on Ctrl-C (or a failed episode) wait only for the episodes in flight
+        except KeyboardInterrupt:
+            # Ctrl-C: the episodes in flight are not waited for (a step a server never
+            # answers would hold the command until its timeout); the command is ending,
+            # and its exit gives what is left a deadline (posttrain.cli.exit_by_deadline)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        except BaseException:
+            # a failed episode: wait only for the episodes in flight
             pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
             # one session stays for the episodes that come one at a time
             self.sessions.close(keep=1)
             self.sessions.say_limit()
+        pool.shutdown(wait=True)
+        return done
 
     def close(self) -> None:
         """End the sessions and stop a server this adapter started."""
