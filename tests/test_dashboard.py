@@ -553,7 +553,8 @@ def test_a_lost_run_reads_lost_and_the_delete_button_removes_it(browser, runs_di
     open_server = dashboard_server(runs_dir / "posttrain.db", "127.0.0.1", 0, None)
     thread = start_in_thread(open_server)
     store = SqliteRunStore(runs_dir / "posttrain.db")
-    store.create_run("killed", {"base_model": "starter"}, started=time.time() - 3600)
+    store.create_run("killed", {"recipe": "grpo", "settings": {}},  # its folder's run
+                     started=time.time() - 3600)
     store.log_metrics("killed", 3, {"loss": 1.0}, timestamp=time.time() - 3500)
     store.create_run("alive", {})
     (runs_dir / "killed").mkdir()

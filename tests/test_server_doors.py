@@ -113,7 +113,7 @@ def test_every_door_of_the_run_server_and_the_dashboard(tmp_path):
     server.start()
     try:
         http, sockets = doors(server)
-        # reads are open but a run's rows and replies, its owner's (docs/security.md)
+        # with named people, reads are open but a run's rows and replies, its owner's
         user_data = {("GET", "/api/runs/x/samples"), ("GET", "/api/runs/x/rows.x")}
         assert user_data <= set(http)
         reads = {(method, path) for method, path in http if method == "GET"} - user_data
@@ -289,9 +289,10 @@ def read_as(url: str, path: str, token: str | None) -> int:
 
 
 def test_a_runs_rows_and_replies_are_read_by_its_owner_and_the_administrator(tmp_path):
-    """docs/security.md, "What listens": with credentials, graded rows and kept replies
-    (every prompt and reply) go to the run's owner and the administrator only; the run's
-    record and curves stay open to readers; without credentials (loopback) all is open."""
+    """docs/security.md, "What listens": with named people (--tokens), graded rows and
+    kept replies (every prompt and reply) go to the run's owner and the administrator
+    only; the run's record and curves stay open to readers; with no credentials or a
+    single --token every read is open."""
     from posttrain.runs.http_store import HttpRunStore
     from posttrain.ui.app import dashboard_server
 
@@ -325,10 +326,13 @@ def test_a_runs_rows_and_replies_are_read_by_its_owner_and_the_administrator(tmp
     finally:
         server.shutdown()
         server.server_close()
-    open_server = dashboard_server(tmp_path / "open.db", port=0, runs_root=runs_root)
-    open_server.start()
-    try:  # no credentials: a loopback server, whoever reaches it is the administrator
-        assert read_as(open_server.url, user_data[2], None) in (200, 404)
-    finally:
-        open_server.shutdown()
-        open_server.server_close()
+    # no named people (no credentials, or one --token guarding writes): reads are open
+    for token in (None, ADMIN_TOKEN):
+        open_server = dashboard_server(tmp_path / "runs.db", port=0, token=token,
+                                       runs_root=runs_root)
+        open_server.start()
+        try:
+            assert read_as(open_server.url, user_data[2], None) == 200
+        finally:
+            open_server.shutdown()
+            open_server.server_close()

@@ -253,8 +253,12 @@ class HttpRunStore(OpWriter):
         background, as every op is (training goes on)."""
         op = validate_op({"op": "create", "run": name, "config": to_jsonable(dict(config)),
                           "time": started})
-        outcome = self._post(uuid.uuid4().hex, [op], say_refusal=False)
+        try:
+            outcome = self._post(uuid.uuid4().hex, [op], say_refusal=False)
+        except Exception:  # a failure nobody foresaw: the sender meets it and says so once
+            outcome = "unreachable"
         if outcome == "sent":
+            self.sent += 1
             return
         if outcome == "unreachable":
             self.submit(op)

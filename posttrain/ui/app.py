@@ -138,11 +138,11 @@ def add_dashboard(server: RunServer) -> RunServer:
 
     def check_reader(name: str, caller: Caller) -> None:
         """Graded rows and kept replies are a run's user data (every prompt and reply):
-        on a server with credentials only the run's owner and the administrator read them
-        (401 without a token, 403 with another person's); without credentials the server
-        is on loopback and whoever reaches it is the administrator."""
-        rules = server.rules
-        if rules.token is None and not rules.tokens:
+        on a server with named people (``--tokens``) only the run's owner and the
+        administrator read them (401 without a token, 403 with another person's). With no
+        tokens file they are read as every other page is: by whoever reaches the port (a
+        single ``--token`` guards writes only; docs/security.md)."""
+        if not server.rules.tokens:
             return
         if caller is NOBODY:
             raise HttpError(401, f"run {name!r}'s graded rows and replies are its owner's: "
