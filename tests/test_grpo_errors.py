@@ -179,3 +179,100 @@ def test_a_bad_flag_is_refused_before_the_trainers_libraries_load(recipe, flag, 
     assert done.stdout.split(maxsplit=1) == ["2", "[]\n"], done.stdout + done.stderr
     assert f"posttrain {recipe}: error: {flag.split('=')[0]}" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+KILL_AT_PHASE = """
+import os, signal, sys
+import posttrain.train.grpo.run as grpo_run
+from posttrain.cli import main
+from posttrain.runs.folder import NewRun
+from posttrain.train import recipe
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def then_die(function):
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        die()
+        return result
+    return wrapped
+
+phase = sys.argv[1]
+if phase == "claimed":      # the name is taken, nothing moved yet
+    recipe.check_new_run = then_die(recipe.check_new_run)
+elif phase == "aside":      # the old folder moved aside, the new one made
+    recipe.create_run_folder = then_die(recipe.create_run_folder)
+elif phase == "recorded":   # the new record has replaced the old one in the store
+    recipe.open_run = then_die(recipe.open_run)
+elif phase == "training":   # inside the training step
+    grpo_run.train_grpo = die
+elif phase == "finishing":  # the new run marked done, the old folder not yet dropped
+    NewRun.finish = die
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_overwrite_killed_at_any_phase_loses_nothing(starter_2m_folder, tmp_path, capsys):
+    """Issue #68, class 5: `--overwrite` killed mid-run (SIGKILL) lost the old run's
+    record, and its folder sat in `.kept.replaced-<id>`, which nothing listed or restored.
+    Killed at each phase now, the old run is readable under its name or named by `runs
+    list` and by a new start, and `runs restore` gives back its folder and record."""
+    import hashlib
+    import signal
+    import subprocess
+    import sys
+
+    from posttrain.runs.sqlite_store import SqliteRunStore
+
+    runs = tmp_path / "runs"
+    common = ["grpo", "--base-model", "starter-2m", "--prompts", "40", "--steps", "1",
+              "--num-generations", "2", "--eval-samples", "1", "--eval-repeats", "1",
+              "--monitor-every", "0", "--runs-dir", str(runs), "--run-name", "kept"]
+
+    def contents() -> dict:
+        return {str(path.relative_to(runs / "kept")): hashlib.sha256(path.read_bytes())
+                .hexdigest() for path in sorted((runs / "kept").rglob("*"))
+                # an empty lock file a killed process held says nothing: no one holds it
+                if path.is_file() and path.name != "run.lock"}
+
+    def record() -> dict:
+        with SqliteRunStore(runs / "posttrain.db") as store:
+            run = store.get_run("kept")
+            return {key: run[key] for key in ("status", "config", "summary", "metric_names",
+                                              "notes", "owner")}
+
+    assert main(common) in (0, 1)
+    old_files, old_record = contents(), record()
+    capsys.readouterr()
+    for phase in ("claimed", "aside", "recorded", "training", "finishing"):
+        killed = subprocess.run([sys.executable, "-c", KILL_AT_PHASE, phase, *common,
+                                 "--overwrite", "--seed", "1"], capture_output=True, text=True,
+                                timeout=300)
+        assert killed.returncode == -signal.SIGKILL, (phase, killed.stderr[-2000:])
+        if phase == "claimed":  # nothing was moved or replaced
+            assert contents() == old_files and record() == old_record
+            continue
+        assert main(["runs", "list", "--runs-dir", str(runs)]) == 0
+        listed = capsys.readouterr().err
+        assert "run 'kept': the run --overwrite was replacing is kept in" in listed, phase
+        assert "posttrain runs restore kept" in listed
+        # a new start would bury it: refused, saying how to restore it
+        assert main([*common, "--overwrite"]) == 2
+        assert "posttrain runs restore kept" in capsys.readouterr().err
+        assert main(["runs", "restore", "kept", "--runs-dir", str(runs)]) == 0
+        # before the new record is made, the old one is still the store's
+        what = "its folder" if phase == "aside" else "its folder and record"
+        assert f"restored run 'kept' ({what})" in capsys.readouterr().out
+        assert contents() == old_files, phase
+        assert record() == old_record, phase
+        assert sorted(path.name for path in runs.iterdir()) == ["kept", "posttrain.db"]
+    # --discard drops the kept run; the interrupted one stays and a start may replace it
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_PHASE, "training", *common,
+                             "--overwrite", "--seed", "1"], capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL
+    assert main(["runs", "restore", "kept", "--discard", "--runs-dir", str(runs)]) == 0
+    assert not [path for path in runs.iterdir() if path.name.startswith(".")]
+    assert main(["runs", "restore", "kept", "--runs-dir", str(runs)]) == 2
+    assert "no replaced run of 'kept' is kept" in capsys.readouterr().err

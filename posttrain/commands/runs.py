@@ -1,4 +1,4 @@
-"""``posttrain runs list|export|delete|copy``: the runs recorded in a run store (the runs
+"""``posttrain runs list|export|delete|restore|copy``: the runs recorded in a run store (the runs
 folder's SQLite file, or the store ``--store`` / ``$POSTTRAIN_STORE`` names), from the
 terminal."""
 
@@ -17,7 +17,9 @@ from posttrain.runs.copy import copy_runs
 from posttrain.runs.export import export_run
 from posttrain.runs.folder import runs_root
 from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url
+from posttrain.runs import replaced
 from posttrain.runs.removal import delete_run
+from posttrain.runs.replaced import left_replaced
 from posttrain.runs.sql_store import SqlRunStore
 from posttrain.runs.sqlite_store import SqliteRunStore
 from posttrain.runs.store import (
@@ -81,6 +83,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="delete even a run that still sends heartbeats")
     delete.set_defaults(func=run_delete)
 
+    restore = actions.add_parser(
+        "restore", help="put back the run an interrupted --overwrite was replacing",
+        description="A run started with --overwrite keeps the run it replaces (folder and "
+        "record) until it finishes; when its process ends first (killed, machine lost), the "
+        "old run stays aside and 'runs list' names it. This puts it back under its name: "
+        "the interrupted run's folder goes, the old folder returns and its record is "
+        "written back into the store. --discard drops the old run instead.",
+    )
+    restore.add_argument("name", metavar="NAME", help="the run name to restore")
+    restore.add_argument("--discard", action="store_true",
+                         help="drop the kept run instead of restoring it")
+    restore.add_argument("--runs-dir", default=None, help=RUNS_DIR_HELP)
+    restore.add_argument("--store", default=None, metavar="URL_OR_FILE", help=STORE_HELP)
+    restore.set_defaults(func=run_restore)
+
     copy = actions.add_parser(
         "copy", help="copy runs into another store (e.g. a team's PostgreSQL)",
         description="Copy runs from this store (the runs folder's posttrain.db, or --store) "
@@ -128,10 +145,15 @@ def run_list(args: argparse.Namespace) -> int:
     if store is not None:
         with store:
             runs = store.list_runs()
+    left = left_replaced(root)
     if args.json:
-        print(json.dumps({"runs_dir": str(root), "store": where, "runs": runs}, indent=2,
-                         allow_nan=False))
+        print(json.dumps({"runs_dir": str(root), "store": where, "runs": runs,
+                          "replaced_kept": [{"name": item.name, "folder": str(item.aside),
+                                             "record": item.has_record} for item in left]},
+                         indent=2, allow_nan=False))
         return 0
+    for item in left:
+        print(printable(item.describe()), file=sys.stderr)
     if not runs:
         print(f"no runs recorded in {where}")
         return 0
@@ -203,6 +225,18 @@ def run_delete(args: argparse.Namespace) -> int:
     with store:
         for name in args.names:
             print(delete_run(store, root, name, force=args.force).describe())
+    return 0
+
+
+def run_restore(args: argparse.Namespace) -> int:
+    root, store, where = _store(args)
+    if args.discard:
+        print(replaced.drop(root, args.name))
+        return 0
+    if store is None:  # no SQLite file yet: made now, for the record that goes back
+        store = SqliteRunStore(Path(where))
+    with store:
+        print(replaced.restore(root, args.name, store))
     return 0
 
 

@@ -23,6 +23,7 @@ from posttrain.errors import PosttrainError
 from posttrain.jsonl import write_jsonl_atomic
 from posttrain.runs.claim import LOCK_FILE, RunClaim, is_live, try_claim
 from posttrain.runs.ops import check_run_name
+from posttrain.runs.replaced import RECORD_FILE, aside_path, discard, left_replaced
 
 RUNS_ENV = "POSTTRAIN_RUNS"
 
@@ -108,7 +109,7 @@ class NewRun:
         if aside is None:
             return False
         if succeeded:
-            shutil.rmtree(aside, ignore_errors=True)
+            discard(aside)
             return False
         path = self.folder.path
         failed = path.with_name(f".{path.name}.failed-{uuid.uuid4().hex[:8]}")
@@ -120,10 +121,10 @@ class NewRun:
                                  f"replaced could not be put back ({error.strerror or error}): "
                                  f"it is in {aside}") from None
         shutil.rmtree(failed, ignore_errors=True)
-        try:  # the lock this start took on the old folder (a finished run keeps none)
-            (path / LOCK_FILE).unlink()
-        except OSError:
-            pass
+        # the lock this start took on the old folder (a finished run keeps none), and the
+        # record kept in case this process was killed (the handle wrote it back)
+        for leftover in (LOCK_FILE, RECORD_FILE):
+            (path / leftover).unlink(missing_ok=True)
         return True
 
 
@@ -148,6 +149,9 @@ def check_new_run(root: Path, name: str, *, overwrite: bool = False) -> NewRun:
     check_run_name(name)
     folder = RunFolder(root / name)
     path = folder.path
+    left = left_replaced(root, name)
+    if left:  # a killed --overwrite's old run: a start must not bury it further
+        raise PosttrainError(left[-1].describe() + "; then start again")
     if path.is_dir() and not path.is_symlink() and _only_lock(path):
         # a start that never got past its model load (or is loading now): free unless live
         claim = _claim_or_refuse(name, path)
@@ -243,7 +247,7 @@ def create_run_folder(new: NewRun) -> RunFolder:
     path = new.folder.path
     _check_replaceable(path)
     # the replaced run is moved aside, not removed: it comes back if this run fails
-    aside = path.with_name(f".{path.name}.replaced-{uuid.uuid4().hex[:8]}")
+    aside = aside_path(path)
     try:
         path.rename(aside)
         path.mkdir(parents=True)

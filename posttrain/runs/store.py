@@ -47,6 +47,7 @@ from posttrain.runs.ops import (
     clean_metrics,
 )
 from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url, redacted
+from posttrain.runs.replaced import save_record
 from posttrain.runs.sql_store import SqlRunStore
 from posttrain.runs.sqlite_store import SqliteRunStore
 
@@ -227,6 +228,7 @@ class RunHandle:
         #: the run this one replaces, as the ops that write it again (``open_run``'s
         #: ``keep_replaced``): put back when this run does not finish ``done``
         self.replaced_ops: list[dict[str, Any]] | None = None
+        self.replaced_owner: str | None = None
         self.restored = False
         self.start_heartbeat(heartbeat_seconds)
 
@@ -340,7 +342,7 @@ class RunHandle:
         if status != "done" and self.replaced_ops and isinstance(self.store, SqlRunStore):
             # --overwrite: the new run did not get through, so the old one comes back
             try:
-                self.store.apply(self.replaced_ops)
+                self.store.apply(self.replaced_ops, owner=self.replaced_owner)
                 self.restored = True
             except Exception as error:  # never more than a warning, as every store call
                 self._warn("restore the run it replaced", error)
@@ -431,12 +433,15 @@ def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None
              run_dir: str | os.PathLike | None = None,
              runs_root: str | os.PathLike = "runs", store_url: str | None = None,
              heartbeat_seconds: float | None = HEARTBEAT_SECONDS,
-             keep_replaced: bool = False) -> RunHandle:
+             keep_replaced: bool = False, replaced_folder: Path | None = None) -> RunHandle:
     """Start run ``name`` with its ``config`` and return the handle that writes it.
 
     ``keep_replaced`` (``--overwrite``): an earlier run of the same name in a SQL store is
     read first and written back when this run finishes anything but ``done`` (a store the
-    handle cannot read back, a run server, keeps only the new record).
+    handle cannot read back, a run server, keeps only the new record); with
+    ``replaced_folder`` (the old run's folder, moved aside) it is also saved there before
+    the new record replaces it, so a process killed meanwhile loses nothing
+    (``posttrain runs restore``). A record that cannot be saved there refuses the run.
 
     ``store``: where to write; None picks ``default_store(runs_root, store_url)`` (the
     store named by ``store_url`` or ``POSTTRAIN_STORE``, else the server named by
@@ -458,8 +463,18 @@ def open_run(name: str, config: dict[str, Any], *, store: RunStore | None = None
             earlier = store.get_run(name)
             if earlier is not None:
                 handle.replaced_ops = list(run_ops(store, earlier))
+                handle.replaced_owner = earlier.get("owner")
         except Exception as error:  # then only the new record is kept, as before
             handle._warn("read the run it replaces", error)
+            earlier = None
+        if earlier is not None and replaced_folder is not None:
+            try:
+                save_record(replaced_folder, handle.replaced_ops or [], earlier.get("owner"))
+            except (OSError, ValueError) as error:
+                handle.discard()
+                raise RunStoreError(f"--overwrite: could not keep the record of the run it "
+                                    f"replaces in {replaced_folder} ({error}); nothing was "
+                                    "replaced") from None
     try:
         handle._guard("create the run", store.create_run, dict(config), None)
     except BaseException:  # refused (a run server that says no): the handle leaves nothing
