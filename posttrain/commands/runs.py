@@ -13,11 +13,11 @@ from typing import Any
 
 from posttrain.atomic import check_output_path, write_text_atomic
 from posttrain.errors import PosttrainError
+from posttrain.runs import replaced
 from posttrain.runs.copy import copy_runs
 from posttrain.runs.export import export_run
 from posttrain.runs.folder import runs_root
 from posttrain.runs.postgres_store import PostgresRunStore, is_postgres_url
-from posttrain.runs import replaced
 from posttrain.runs.removal import delete_run
 from posttrain.runs.replaced import left_replaced
 from posttrain.runs.sql_store import SqlRunStore
