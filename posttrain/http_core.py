@@ -49,10 +49,13 @@ from urllib.parse import parse_qs
 from posttrain.access import ADMIN, NOBODY, Caller, identify
 from posttrain.errors import PosttrainError
 from posttrain.http_guard import foreign_request, foreign_socket, is_loopback
-from posttrain.jsonl import strict_json_loads, to_jsonable
+from posttrain.jsonl import describe_cost, parse_cost, strict_json_loads, to_jsonable
 from posttrain.text import echo
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+#: the most a JSON body may cost to parse (``jsonl.parse_cost``): a body within the byte
+#: limit made of ``{},`` would take ~2 GB; a batch of metrics ~0.4 GB at 32 MB
+MAX_BODY_PARSE_COST = 1024**3
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this, a refused body is not drained: the client is cut
 READ_TIMEOUT_SECONDS = 30.0
 IDLE_SOCKET_SECONDS = 300.0
@@ -139,6 +142,9 @@ class Request:
         ``empty`` when that is not None. ``HttpError(400)`` otherwise."""
         if empty is not None and not self.body.strip():
             return empty
+        if parse_cost(self.body) > MAX_BODY_PARSE_COST:
+            raise HttpError(413, "request body holds too many JSON values: "
+                                 + describe_cost(parse_cost(self.body), MAX_BODY_PARSE_COST))
         try:
             return strict_json_loads(self.body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
@@ -411,6 +417,9 @@ def json_body_problem(scope: dict, body: bytes) -> str | None:
     kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
     if not body.strip() or kind != "application/json":
         return None
+    if parse_cost(body) > MAX_BODY_PARSE_COST:
+        return ("request body holds too many JSON values: "
+                + describe_cost(parse_cost(body), MAX_BODY_PARSE_COST))
     try:
         strict_json_loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:

@@ -97,3 +97,86 @@ def test_grading_a_hostile_reply_is_linear(env_name):
     assert large <= 30 * max(small, 0.002), (small, large)
     # and the probe's 100,000 characters (8,333 openings) grade in well under a second
     assert _least_seconds(grade(8_334), tries=1) < 5.0
+
+
+# -- JSON whose parsing costs more than its bytes ----------------------------------------
+
+def padded_json(values: int) -> bytes:
+    """A JSON list of ``values`` empty objects: 3 bytes a value, ~75 of memory parsed."""
+    return b"[" + b"{}," * (values - 1) + b"{}]"
+
+
+def test_an_eval_log_declaring_millions_of_values_is_refused_before_it_is_parsed(tmp_path):
+    """The fourth probe's 233 KB `.eval` declared 240 MB of `{},` in its header.json: it
+    passed the 256 MB size cap and `eval --compare` peaked at 6.2 GB. Its cost is now
+    counted in a linear pass, a megabyte at a time, and it is refused with memory that
+    does not grow with what it declares."""
+    import tracemalloc
+    import zipfile
+
+    from posttrain.errors import InputFileError
+    from posttrain.score.eval_logs import load_compared
+
+    bomb = tmp_path / "bomb.eval"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("header.json", padded_json(14_000_000))  # 42 MB, ~3 GB parsed
+    assert bomb.stat().st_size < 1_000_000
+    import inspect_ai.log
+    import inspect_ai.scorer  # noqa: F401
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputFileError) as refused:
+            load_compared(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "GB of memory" in str(refused.value) and "compare fewer samples" in str(refused.value)
+    assert peak < 16 * 2**20, peak  # a megabyte chunk or so, not the 42 MB, not gigabytes
+
+    # the same values as an inspect `.json` log: refused the same way
+    flat = tmp_path / "bomb.json"
+    flat.write_bytes(b'{"eval": ' + padded_json(11_000_000) + b"}")
+    with pytest.raises(InputFileError, match="GB of memory"):
+        load_compared(flat)
+
+
+def test_a_jsonl_file_is_refused_where_its_values_pass_the_budget(tmp_path):
+    """The JSONL readers (prompts, pairs, graded rows, lm-eval samples) hold what they
+    read: a line of 33 MB of `{},` would take ~2.5 GB. Refused at that line, before it is
+    parsed, naming the file and line."""
+    from posttrain.errors import InputFileError
+    from posttrain.jsonl import read_jsonl_objects
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"prompt": "hello"}\n{"pad": ' + padded_json(11_000_000) + b"}\n")
+    with pytest.raises(InputFileError) as refused:
+        list(read_jsonl_objects(path))
+    assert refused.value.line == 2 and "GB of memory" in str(refused.value)
+
+
+def test_a_json_body_within_the_byte_limit_but_of_millions_of_values_is_refused(tmp_path):
+    """A run server's body limit is 32 MB; 17 MB of `{},` would parse into ~1.7 GB of
+    Python objects. Answered 413 before it is parsed."""
+    import urllib.error
+    import urllib.request
+
+    from posttrain.ui.app import dashboard_server
+
+    server = dashboard_server(tmp_path / "runs.db", port=0, token="t" * 32)
+    server.start()
+    try:
+        body = b'{"ops": ' + padded_json(5_700_000) + b"}"
+        assert len(body) < server.rules.max_body_bytes
+        request = urllib.request.Request(server.url + "/api/ingest", data=body, method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": "Bearer " + "t" * 32})
+        started = time.perf_counter()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 413
+        assert b"too many JSON values" in refused.value.read()
+        assert time.perf_counter() - started < 20
+    finally:
+        server.shutdown()
+        server.server_close()

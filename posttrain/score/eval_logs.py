@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import InputFileError, PosttrainError
-from posttrain.jsonl import read_jsonl_objects
+from posttrain.jsonl import MAX_PARSE_COST, describe_cost, parse_cost, read_jsonl_objects
 from posttrain.score.rows import load_rows
 from posttrain.text import json_kind
 
@@ -126,27 +126,50 @@ def _is_inspect_json(path: Path) -> bool:
     return head.lstrip().startswith("{") and '"eval"' in head
 
 
-def check_log_size(path: Path, limit: int = MAX_LOG_BYTES) -> None:
-    """``InputFileError`` when an inspect_ai log would unpack to more than ``limit`` bytes:
-    a ``.eval`` archive by its members' declared sizes (reading cannot give more than a
-    member declares), any other file by its size on disk."""
+def check_log_size(path: Path, limit: int = MAX_LOG_BYTES,
+                   cost_limit: int = MAX_PARSE_COST) -> None:
+    """``InputFileError`` when an inspect_ai log would unpack to more than ``limit`` bytes
+    (a ``.eval`` archive by its members' declared sizes: reading cannot give more than a
+    member declares; any other file by its size on disk), or when parsing what it holds
+    would cost more than ``cost_limit`` bytes of memory (``jsonl.parse_cost``, counted in
+    a linear pass over the unpacked bytes, a megabyte at a time)."""
     import zipfile
 
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:
                 unpacked = sum(member.file_size for member in archive.infolist())
-        except (zipfile.BadZipFile, OSError) as error:
+                _check_unpacked(path, unpacked, limit)
+                cost = sum(_stream_cost(archive.open(member))
+                           for member in archive.infolist())
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
             raise InputFileError(str(path), None, None,
                                  f"not a readable inspect_ai log ({error})") from None
     else:
-        unpacked = path.stat().st_size
+        _check_unpacked(path, path.stat().st_size, limit)
+        cost = _stream_cost(path.open("rb"))
+    if cost > cost_limit:
+        raise InputFileError(str(path), None, None, describe_cost(cost, cost_limit)
+                             + ": compare fewer samples")
+
+
+def _check_unpacked(path: Path, unpacked: int, limit: int) -> None:
     if unpacked > limit:
         raise InputFileError(str(path), None, None,
                              f"unpacks to {unpacked / 2**20:,.0f} MB, more than the "
                              f"{limit / 2**20:,.0f} MB posttrain reads from one log (a "
                              "compressed bomb, or a log too large to compare in memory: "
                              "compare fewer samples)")
+
+
+def _stream_cost(stream: Any) -> int:
+    """``parse_cost`` of everything ``stream`` holds, read a megabyte at a time (the
+    marks are single bytes, so no chunk boundary splits one)."""
+    cost = 0
+    with stream:
+        while chunk := stream.read(1 << 20):
+            cost += parse_cost(chunk)
+    return cost
 
 
 def _inspect_log(path: Path, score: str | None) -> ComparedRows:

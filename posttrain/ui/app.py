@@ -33,6 +33,7 @@ from typing import Any
 
 from posttrain.access import NOBODY, Caller, made_by
 from posttrain.http_core import TOKEN_HINT
+from posttrain.jsonl import MAX_PARSE_COST, parse_cost
 from posttrain.runs.ops import SAMPLE_SOURCES, RunStoreError, check_run_name
 from posttrain.runs.server import (
     MAX_STEP,
@@ -98,11 +99,15 @@ def read_samples(path: Path, limit: int | None,
     if not path.is_file():
         return None
     rows: list[dict[str, Any]] = []
+    spent = 0  # what the rows read so far may hold (a folder copied in is anyone's file)
     with path.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
+            spent += parse_cost(line)
+            if spent > MAX_PARSE_COST:
+                break  # the rows within the budget are served, the rest not read
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(row, dict):
                 continue
