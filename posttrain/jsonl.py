@@ -58,6 +58,16 @@ def parse_cost(text: str | bytes) -> int:
     return len(text) + VALUE_COST_BYTES * sum(text.count(mark) for mark in marks)  # type: ignore[arg-type]
 
 
+def stream_parse_cost(stream: Any) -> int:
+    """``parse_cost`` of everything a binary ``stream`` holds, read a megabyte at a time
+    (the marks are single bytes, so no chunk boundary splits one); the stream is closed."""
+    cost = 0
+    with stream:
+        while chunk := stream.read(1 << 20):
+            cost += parse_cost(chunk)
+    return cost
+
+
 def describe_cost(cost: int, limit: int) -> str:
     """Why a text is refused by its cost, for an error message."""
     return (f"reading it would take about {cost / 2**30:,.1f} GB of memory (its JSON "

@@ -336,3 +336,79 @@ def test_a_runs_rows_and_replies_are_read_by_its_owner_and_the_administrator(tmp
         finally:
             open_server.shutdown()
             open_server.server_close()
+
+
+def get_json(url: str, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url + path, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def test_every_read_route_names_what_bounds_it_and_holds_it(tmp_path):
+    """Issue #68, class 3: a read route's work was bounded by the server's goodwill
+    (`/metrics?names=` with 300 copies of one name ran 300 queries, 49 s). Every GET
+    route of the run server and the dashboard now names its bound in `read_caps` (a route
+    added without one fails here), and each bound is tried past its edge."""
+    from posttrain.runs import server as run_server
+    from posttrain.ui import app
+    from posttrain.ui.app import dashboard_server
+
+    server = dashboard_server(tmp_path / "runs.db", port=0, token=ADMIN_TOKEN)
+    store = server.store
+    items = run_server.MAX_LISTED_ITEMS
+    ops = [{"op": "create", "run": f"r{index:04d}", "config": {}, "time": float(index)}
+           for index in range(run_server.MAX_LISTED_RUNS + 1)]
+    ops.append({"op": "create", "run": "big", "config": {}, "time": 1e9})
+    ops += [{"op": "note", "run": "big", "text": f"note {index}", "step": index}
+            for index in range(items + 1)]
+    ops += [{"op": "metrics", "run": "big", "step": 0,
+             "metrics": {f"m{index:05d}": 1.0 for index in range(start, start + 1000)}}
+            for start in range(0, items + 1000, 1000)]
+    store.apply(ops)
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "holdout_after.jsonl").write_bytes(
+        b'{"pad": [' + b"{}," * 3_000_000 + b"{}]}\n")
+    served: list[str] = []
+    series = store.metric_series
+
+    def counted_series(run, metric, **kwargs):
+        served.append(metric)
+        return series(run, metric, **kwargs)
+
+    store.metric_series = counted_series
+    server.start()
+    try:
+        http, _ = doors(server)
+        gets = {PARAMETER.sub("x", path) for path in server.read_caps}
+        assert {path for method, path in http if method == "GET"} == gets
+        assert all(server.read_caps.values())
+        url = server.url
+
+        status, listing = get_json(url, "/api/runs")
+        assert status == 200 and len(listing["runs"]) == run_server.MAX_LISTED_RUNS
+        assert listing["more"] is True and listing["runs"][0]["name"] == "big"
+
+        status, run = get_json(url, "/api/runs/big")
+        assert status == 200 and sorted(run["cut"]) == ["metric_names", "notes"]
+        assert len(run["notes"]) == len(run["metric_names"]) == items
+        assert run["notes"][-1]["text"] == f"note {items}"  # the latest kept
+
+        status, answer = get_json(url, "/api/runs/big/metrics?names=" + ",".join(["m00001"] * 300))
+        assert status == 200 and served == ["m00001"] and list(answer["series"]) == ["m00001"]
+        assert len(answer["names"]) == items
+        many = ",".join(f"m{index:05d}" for index in range(run_server.MAX_SERIES_NAMES + 1))
+        assert get_json(url, f"/api/runs/big/metrics?names={many}")[0] == 400
+        wide = ",".join(f"m{index:05d}" for index in range(20))
+        assert get_json(url, f"/api/runs/big/metrics?names={wide}&max_points=100000")[0] == 400
+        assert get_json(url, "/api/runs/big/metrics?max_points=100001")[0] == 400
+        too_many = ",".join(f"n{index}" for index in range(run_server.MAX_CSV_NAMES + 1))
+        assert get_json(url, f"/api/runs/big/metrics.csv?names={too_many}")[0] == 400
+
+        assert get_json(url, f"/api/runs/big/samples?limit={app.MAX_SAMPLES + 1}")[0] == 400
+        status, refused = get_json(url, "/api/runs/big/rows.json")
+        assert status == 413 and "posttrain runs export" in refused["error"]["message"]
+    finally:
+        server.shutdown()
+        server.server_close()

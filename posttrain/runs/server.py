@@ -8,7 +8,7 @@ from it. Endpoints (all JSON; errors in the core's envelope
 | method | path                         | what                                            |
 |--------|------------------------------|-------------------------------------------------|
 | POST   | `/api/ingest`                | `{"batch": id, "ops": [...]}`; bearer token     |
-| GET    | `/api/runs`                  | the run list                                    |
+| GET    | `/api/runs`                  | the run list (the newest 1,000)                 |
 | GET    | `/api/runs/<name>`           | one run: config, summary, progress, notes, alarms |
 | GET    | `/api/runs/<name>/metrics`   | `?names=a,b&max_points=2000&after=<step>`: each |
 |        |                              | name once, at most 64, unknown ones answered [] |
@@ -64,6 +64,29 @@ MAX_CSV_POINTS = 1_000_000
 MAX_CSV_NAMES = 1_000
 #: the most metric names one /metrics request may ask for (the dashboard asks for a few)
 MAX_SERIES_NAMES = 64
+#: the most points one /metrics answer may carry (names asked x max_points)
+MAX_SERIES_TOTAL = 1_000_000
+#: the most runs /api/runs lists (the newest), and items of each list one run's record
+#: answers (the latest notes and alarms, the first metric names and checks; ``cut``
+#: names a list that held more)
+MAX_LISTED_RUNS = 1_000
+MAX_LISTED_ITEMS = 10_000
+
+#: Every read route and what bounds its work before any query (a request past a cap is
+#: refused, 400, or its answer cut, saying so). ``tests/test_server_doors.py`` holds
+#: every GET route a server serves to an entry here (the dashboard's included) and tries
+#: each cap; a route added without one fails it.
+READ_CAPS: dict[str, str] = {
+    "/api/runs": f"the newest {MAX_LISTED_RUNS:,} runs (``more``: how many were left out)",
+    "/api/runs/{name}": f"at most {MAX_LISTED_ITEMS:,} notes, alarms, metric names and "
+                        "checks (``cut`` names each list that held more)",
+    "/api/runs/{name}/metrics": f"each name once, at most {MAX_SERIES_NAMES}, only names the "
+                                f"run has; max_points at most {MAX_SERIES_POINTS:,}; names x "
+                                f"max_points at most {MAX_SERIES_TOTAL:,}; the names listed "
+                                f"at most {MAX_LISTED_ITEMS:,}",
+    "/api/runs/{name}/metrics.csv": f"each name once, at most {MAX_CSV_NAMES:,}; at most "
+                                    f"{MAX_CSV_POINTS:,} points (413 past it)",
+}
 
 
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP's list).
@@ -114,6 +137,8 @@ class RunServer(HttpServer):
             runs_root = store.path.parent
         self.runs_root = Path(runs_root)
         self.token = token or None
+        #: what bounds each read route's work (the dashboard adds its routes' entries)
+        self.read_caps = dict(READ_CAPS)
         try:
             super().__init__(address[0], address[1],
                              Rules(token=self.token, tokens=tokens or None,
@@ -202,10 +227,13 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
                               and bool(payload["ops"])})
 
     def list_runs(request: Request) -> Response:
-        return json_response({"runs": store.list_runs()})
+        runs = store.list_runs(limit=MAX_LISTED_RUNS + 1)
+        more = len(runs) > MAX_LISTED_RUNS
+        return json_response({"runs": runs[:MAX_LISTED_RUNS],
+                              **({"more": True} if more else {})})
 
     def get_run(request: Request) -> Response:
-        run = _store_call(store.get_run, _run_name(request))
+        run = _store_call(store.get_run, _run_name(request), limit=MAX_LISTED_ITEMS)
         if run is None:
             raise HttpError(404, f"no run named {request.match['name']!r}")
         return json_response(run)
@@ -232,7 +260,6 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
 
     def get_metrics(request: Request) -> Response:
         name = _run_name(request)
-        available = _store_call(store.metric_names, name)
         wanted_param = request.param("names")
         # the work bounded by the request before any query: each name once, at most
         # MAX_SERIES_NAMES of them, and only names the run has (300 copies of one name on
@@ -243,8 +270,13 @@ def default_routes(server: RunServer) -> list[tuple[str, str, Handler]]:
             raise HttpError(400, f"names: {len(wanted)} metrics asked, at most "
                                  f"{MAX_SERIES_NAMES} in one request")
         max_points = request.int_param("max_points", DEFAULT_MAX_POINTS, 1, MAX_SERIES_POINTS)
+        if len(wanted) * max_points > MAX_SERIES_TOTAL:
+            raise HttpError(400, f"{len(wanted)} names x max_points {max_points:,} is "
+                                 f"{len(wanted) * max_points:,} points, at most "
+                                 f"{MAX_SERIES_TOTAL:,} in one request")
         after = request.int_param("after", None, -1, MAX_STEP)
-        known = set(available)
+        available = _store_call(store.metric_names, name, limit=MAX_LISTED_ITEMS)
+        known = set(_store_call(store.metric_names, name, among=wanted))
         series = {
             metric: (_store_call(store.metric_series, name, metric, max_points=max_points,
                                  after_step=after) if metric in known else [])

@@ -170,13 +170,16 @@ class SqlRunStore(OpWriter):
         return "lost" if sql.lost(stored, updated, now, self.lost_after_seconds) else stored
 
     @checked_read
-    def list_runs(self) -> list[dict[str, Any]]:
-        """Every run, newest first: name, owner, status, base_model (from the config), started,
-        updated, finished (epoch seconds), last_step, total_steps, eta (seconds),
-        headline_delta and verdict (from the summary, None while running)."""
+    def list_runs(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every run (the newest ``limit`` of them), newest first: name, owner, status,
+        base_model (from the config), started, updated, finished (epoch seconds),
+        last_step, total_steps, eta (seconds), headline_delta and verdict (from the
+        summary, None while running)."""
+        newest = "" if limit is None else " ORDER BY coalesce(started, 0) DESC LIMIT ?"
         with self._reader() as db:
             rows = db.all("SELECT name, status, config, summary, started, updated, finished,"
-                          " last_step, total_steps, eta, owner FROM runs")
+                          " last_step, total_steps, eta, owner FROM runs" + newest,
+                          () if limit is None else (limit,))
         # ordered here, not in SQL: names compare by code point whatever the collation
         rows.sort(key=lambda row: (-(row[4] if row[4] is not None else float("-inf")),
                                    row[0]))
@@ -196,22 +199,34 @@ class SqlRunStore(OpWriter):
         return runs
 
     @checked_read
-    def get_run(self, name: str) -> dict[str, Any] | None:
+    def get_run(self, name: str, limit: int | None = None) -> dict[str, Any] | None:
         """One run in full (owner, config, summary, progress, notes, alarms, metric names, the
-        checks that kept graded replies), or None."""
+        checks that kept graded replies), or None. ``limit``: at most that many of each
+        list (the latest notes and alarms, the first names and checks), and ``cut``
+        names the lists that held more."""
         check_run_name(name)
+        most = "" if limit is None else f" LIMIT {int(limit) + 1}"
         with self._reader() as db:
             row = db.one("SELECT status, config, summary, started, updated, finished,"
                          " last_step, total_steps, eta, owner FROM runs WHERE name = ?",
                          (name,))
             if row is None:
                 return None
-            notes = db.all("SELECT step, time, text FROM notes WHERE run = ? ORDER BY id",
-                           (name,))
+            notes = db.all("SELECT step, time, text FROM notes WHERE run = ?"
+                           " ORDER BY id DESC" + most, (name,))[::-1]
             alarms = db.all("SELECT kind, step, time, message, details FROM alarms"
-                            " WHERE run = ? ORDER BY id", (name,))
-            names = self._metric_names(db, name)
-            checks = self._sample_checks(db, name)
+                            " WHERE run = ? ORDER BY id DESC" + most, (name,))[::-1]
+            names = self._metric_names(db, name, most)
+            checks = self._sample_checks(db, name, most)
+        cut = []
+        if limit is not None:
+            for what, items in (("notes", notes), ("alarms", alarms),
+                                ("metric_names", names), ("sample_checks", checks)):
+                if len(items) > limit:
+                    cut.append(what)
+            notes, alarms = notes[-limit:] if "notes" in cut else notes, \
+                alarms[-limit:] if "alarms" in cut else alarms
+            names, checks = names[:limit], checks[:limit]
         status, config, summary, started, updated, finished, step, total, eta, owner = row
         return {
             "name": name, "owner": owner,
@@ -228,21 +243,24 @@ class SqlRunStore(OpWriter):
             ],
             "metric_names": names,
             "sample_checks": checks,
+            **({"cut": cut} if cut else {}),
         }
 
     @checked_read
-    def sample_checks(self, run: str) -> list[dict[str, Any]]:
+    def sample_checks(self, run: str, limit: int | None = None) -> list[dict[str, Any]]:
         """The checks that kept graded replies: ``[{"source", "step", "time", "count"}]``
-        in step order (``monitor``: holdout replies; ``rollouts``: training replies)."""
+        in step order (``monitor``: holdout replies; ``rollouts``: training replies); the
+        first ``limit`` of them."""
         check_run_name(run)
+        most = "" if limit is None else f" LIMIT {int(limit)}"
         with self._reader() as db:
-            return self._sample_checks(db, run)
+            return self._sample_checks(db, run, most)
 
     @staticmethod
-    def _sample_checks(db: sql.Db, run: str) -> list[dict[str, Any]]:
+    def _sample_checks(db: sql.Db, run: str, most: str = "") -> list[dict[str, Any]]:
         count = db.dialect.json_length.format("rows")
         rows = db.all(f"SELECT source, step, time, {count} FROM samples WHERE run = ?"
-                      " ORDER BY step, source", (run,))
+                      " ORDER BY step, source" + most, (run,))
         return [{"source": source, "step": step, "time": moment, "count": count}
                 for source, step, moment, count in rows]
 
@@ -256,16 +274,27 @@ class SqlRunStore(OpWriter):
         return None if row is None else json.loads(row[0])
 
     @staticmethod
-    def _metric_names(db: sql.Db, run: str) -> list[str]:
+    def _metric_names(db: sql.Db, run: str, most: str = "") -> list[str]:
+        # ordered in SQL only when cut (a collation may differ from code points there)
+        order = " ORDER BY name" if most else ""
         return sorted(name for (name,) in db.all(
-            "SELECT name FROM metric_names WHERE run = ?", (run,)))
+            "SELECT name FROM metric_names WHERE run = ?" + order + most, (run,)))
 
     @checked_read
-    def metric_names(self, run: str) -> list[str]:
-        """Names of every metric logged for ``run``, sorted."""
+    def metric_names(self, run: str, limit: int | None = None,
+                     among: Sequence[str] | None = None) -> list[str]:
+        """Names of every metric logged for ``run``, sorted: the first ``limit`` of them,
+        or only those ``among`` the names given (one query either way)."""
         check_run_name(run)
         with self._reader() as db:
-            return self._metric_names(db, run)
+            if among is not None:
+                if not among:
+                    return []
+                marks = ", ".join("?" * len(among))
+                return sorted(name for (name,) in db.all(
+                    f"SELECT name FROM metric_names WHERE run = ? AND name IN ({marks})",
+                    (run, *among)))
+            return self._metric_names(db, run, "" if limit is None else f" LIMIT {int(limit)}")
 
     @checked_read
     def metric_points(self, run: str, names: Sequence[str] | None = None, *,

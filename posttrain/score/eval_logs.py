@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import InputFileError, PosttrainError
-from posttrain.jsonl import MAX_PARSE_COST, describe_cost, parse_cost, read_jsonl_objects
+from posttrain.jsonl import MAX_PARSE_COST, describe_cost, read_jsonl_objects, stream_parse_cost
 from posttrain.score.rows import load_rows
 from posttrain.text import json_kind
 
@@ -140,14 +140,14 @@ def check_log_size(path: Path, limit: int = MAX_LOG_BYTES,
             with zipfile.ZipFile(path) as archive:
                 unpacked = sum(member.file_size for member in archive.infolist())
                 _check_unpacked(path, unpacked, limit)
-                cost = sum(_stream_cost(archive.open(member))
+                cost = sum(stream_parse_cost(archive.open(member))
                            for member in archive.infolist())
         except (zipfile.BadZipFile, OSError, EOFError) as error:
             raise InputFileError(str(path), None, None,
                                  f"not a readable inspect_ai log ({error})") from None
     else:
         _check_unpacked(path, path.stat().st_size, limit)
-        cost = _stream_cost(path.open("rb"))
+        cost = stream_parse_cost(path.open("rb"))
     if cost > cost_limit:
         raise InputFileError(str(path), None, None, describe_cost(cost, cost_limit)
                              + ": compare fewer samples")
@@ -161,15 +161,6 @@ def _check_unpacked(path: Path, unpacked: int, limit: int) -> None:
                              "compressed bomb, or a log too large to compare in memory: "
                              "compare fewer samples)")
 
-
-def _stream_cost(stream: Any) -> int:
-    """``parse_cost`` of everything ``stream`` holds, read a megabyte at a time (the
-    marks are single bytes, so no chunk boundary splits one)."""
-    cost = 0
-    with stream:
-        while chunk := stream.read(1 << 20):
-            cost += parse_cost(chunk)
-    return cost
 
 
 def _inspect_log(path: Path, score: str | None) -> ComparedRows:

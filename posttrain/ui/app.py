@@ -33,9 +33,10 @@ from typing import Any
 
 from posttrain.access import NOBODY, Caller, made_by
 from posttrain.http_core import TOKEN_HINT
-from posttrain.jsonl import MAX_PARSE_COST, parse_cost
+from posttrain.jsonl import MAX_PARSE_COST, parse_cost, stream_parse_cost
 from posttrain.runs.ops import SAMPLE_SOURCES, RunStoreError, check_run_name
 from posttrain.runs.server import (
+    MAX_LISTED_ITEMS,
     MAX_STEP,
     HttpError,
     Request,
@@ -77,6 +78,19 @@ SAMPLE_FIELDS = ("prompt", "category", "sample", "score", "reward", "reply", "tr
                  "episode", "markers", "scenario_id")
 DEFAULT_SAMPLES = 40
 MAX_SAMPLES = 200
+#: the most a rows export may cost to parse (``jsonl.parse_cost``; a 100,000-row holdout
+#: of long replies is about a third of it)
+MAX_SERVED_ROWS_COST = 512 * 1024**2
+#: the dashboard's read routes and what bounds each (``READ_CAPS`` of the run server)
+DASHBOARD_READ_CAPS: dict[str, str] = {
+    "/": "a static page", "/runs/{name}": "a static page", "/compare": "a static page",
+    "/static/{file}": "one of the dashboard's own files", "/favicon.ico": "nothing",
+    "/api/runs/{name}/samples": f"at most {MAX_SAMPLES} rows of a file, read no further; the "
+                                "kept rows of one check (at most 64 each, set on ingest); "
+                                f"at most {MAX_LISTED_ITEMS:,} checks listed",
+    "/api/runs/{name}/rows.{format}": "one holdout file, refused (413) past "
+                                      f"{MAX_SERVED_ROWS_COST // 2**20} MB of parsing cost",
+}
 
 
 # the columns of a graded-rows CSV export (markers, transcript and episode as JSON text)
@@ -140,6 +154,7 @@ def add_dashboard(server: RunServer) -> RunServer:
     file of ``static/`` now), so no request path is ever joined onto a folder.
     """
     files = static_files()
+    server.read_caps.update(DASHBOARD_READ_CAPS)
 
     def check_reader(name: str, caller: Caller) -> None:
         """Graded rows and kept replies are a run's user data (every prompt and reply):
@@ -194,7 +209,7 @@ def add_dashboard(server: RunServer) -> RunServer:
             raise HttpError(400, str(error)) from None
         check_reader(name, request.caller)
         which = request.choice_param("which", "after", [*SAMPLE_FILES, *SAMPLE_SOURCES])
-        checks = server.store.sample_checks(name)
+        checks = server.store.sample_checks(name, limit=MAX_LISTED_ITEMS)
         if which in SAMPLE_SOURCES:
             step = request.int_param("step", None, 0, MAX_STEP)
             if step is None:
@@ -225,6 +240,10 @@ def add_dashboard(server: RunServer) -> RunServer:
         check_reader(name, request.caller)
         which = request.choice_param("which", "after", list(SAMPLE_FILES))
         path = server.runs_root / name / SAMPLE_FILES[which]
+        # the whole file is served: its parsing cost bounded before it is read
+        if path.is_file() and stream_parse_cost(path.open("rb")) > MAX_SERVED_ROWS_COST:
+            raise HttpError(413, f"run {name!r}'s {SAMPLE_FILES[which]} is too large to serve "
+                                 "in one answer: export it with `posttrain runs export`")
         rows = read_samples(path, limit=None, fields=None)
         if rows is None:
             raise HttpError(404, f"run {name!r} has no {SAMPLE_FILES[which]} (yet)")
