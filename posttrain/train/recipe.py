@@ -214,7 +214,7 @@ def load(prepared: PreparedRun[SettingsT]) -> RecipeContext[SettingsT]:
         run = (open_run(settings.run_name, config, run_dir=folder.path,
                         runs_root=prepared.root, store_url=settings.store,
                         keep_replaced=replacing,
-                        replaced_folder=new_run.aside if replacing else None)
+                        replaced_folder=new_run.aside if new_run is not None else None)
                if ranks.is_main else NullRun())
     except BaseException:
         # the store refused the run (a run server that says no): nothing of it is left,
