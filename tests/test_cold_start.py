@@ -79,20 +79,34 @@ def test_the_flag_overrides_and_a_from_run_start_is_left_alone():
     assert not from_run.run and "--from-run smol-sft" in from_run.reason
 
 
-def test_auto_without_a_reference_agent_says_so_and_trains_from_the_base(tmp_path,
-                                                                         monkeypatch):
+def test_auto_without_a_reference_agent_cold_starts_from_the_policys_own_successes(
+        tmp_path, monkeypatch):
+    """Issue #69: without a reference agent `auto` said it could not cold-start and
+    trained from a base that gave RL nothing; it now takes `self`."""
     (tmp_path / "noref_env.py").write_text(NO_REFERENCE_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     env = get_env("noref_env:ENV")
     choice = choose_cold_start("auto", env, rows("with_id", [[0.0, 0.3]] * 30))
-    assert not choice.run
-    assert "no reference agent to cold-start from; RL runs from the base" in choice.reason
+    assert choice.run and choice.source == "self" and choice.name == "self"
+    assert "has no reference agent: a cold start from the policy's own passing replies" \
+        in choice.reason
+    assert choice.to_dict()["source"] == "self"
+    # the reference agent is taken where there is one; an environment that plays episodes
+    # gets no cold start, said
+    assert choose_cold_start("auto", REFUND, rows("with_id", [[0.0, 0.3]] * 30)).name == "sft"
+    episodes = choose_cold_start("auto", get_env("refund-multiturn"),
+                                 rows("with_id", [[0.0, 0.3]] * 30))
+    assert not episodes.run and "plays episodes" in episodes.reason
+    asked = choose_cold_start("self", REFUND, rows("with_id", [[1.0, 1.0]]))
+    assert asked.run and asked.source == "self" and asked.reason == "--cold-start self"
+    with pytest.raises(PosttrainError, match="--cold-start self fine-tunes on single replies"):
+        check_cold_start("self", get_env("refund-multiturn"))
 
 
 def test_bad_values_and_sft_without_a_reference_agent_are_refused(tmp_path, monkeypatch,
                                                                   capsys):
     with pytest.raises(PosttrainError, match="--cold-start 'always': expected one of "
-                                             "none, auto, sft"):
+                                             "none, auto, sft, self"):
         check_cold_start("always", REFUND)
     with pytest.raises(PosttrainError, match="plays episodes"):
         check_cold_start("sft", get_env("refund-multiturn"))
@@ -251,3 +265,51 @@ def test_cold_start_until_and_check_every_are_checked():
     with pytest.raises(SystemExit):  # argparse refuses a share that is no finite number
         main(["grpo", "--cold-start-balance", "nan"])
     assert main(["grpo", "--cold-start-check-every", "-1"]) == 2
+
+
+@pytest.mark.slow
+def test_a_self_cold_start_finds_trains_on_and_records_the_policys_passing_replies(
+        starter_2m_folder, tmp_path, capsys):
+    """Issue #69, item 1: `--cold-start self` samples the train prompts of the categories
+    the base does not pass, keeps the replies the rule passes, fine-tunes on them, and
+    repeats while rounds find more; it says per category what it found in how many
+    samples. (The environment's reference agent is never asked.)"""
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--base-model", "starter-2m", "--prompts", "40", "--eval-samples", "1",
+                 "--eval-repeats", "1", "--steps", "1", "--num-generations", "2",
+                 "--monitor-every", "0", "--cold-start", "self", "--cold-start-prompts", "6",
+                 "--cold-start-samples", "6", "--cold-start-rounds", "3",
+                 "--runs-dir", str(runs), "--run-name", "self"])
+    assert code in (0, 1)
+    out = capsys.readouterr().out
+    folder = runs / "self"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "done"
+    mining = summary["cold_start"]["self"]
+    assert summary["cold_start"]["source"] == "self"
+    rounds = mining["rounds"]
+    assert 1 <= len(rounds) <= 3
+    assert "  cold start: self (--cold-start self)" in out
+    for entry in rounds:
+        for find in entry["categories"]:
+            assert find["samples"] == find["prompts"] * 6 and find["prompts"] <= 6
+            assert find["new"] <= find["passed"] <= find["samples"]
+        assert f"cold start (self): round {entry['round']}: " in out
+    # the rounds end when one finds nothing new (or at the third)
+    assert len(rounds) == 3 or not any(find["new"] for find in rounds[-1]["categories"])
+    demos = [json.loads(line) for line in (folder / "cold_start_demos.jsonl").open()]
+    found = sum(find["new"] for entry in rounds for find in entry["categories"])
+    assert len(demos) == found == summary["cold_start"]["demos"]
+    # seeded, on the suite's pinned kernels: the same find on every CPU with AVX2
+    assert found >= 1
+    # every reply trained on passes the rule, and none is of a holdout scenario
+    refund = get_env("refund")
+    holdout = {json.loads(line)["scenario_id"] for line in (folder / "holdout_before.jsonl").open()}
+    for demo in demos:
+        prompt = demo["prompt"][-1]["content"]
+        assert refund.score(demo["completion"][0]["content"], refund.case_for(prompt)) == 1.0
+        assert demo["scenario_id"] not in holdout
+    if demos:
+        assert (folder / "merged" / "config.json").is_file()
+        assert summary["cold_start"]["steps"] == sum(entry["steps"] for entry in rounds)
+    assert "== cold start (base -> cold start)" in out

@@ -387,6 +387,28 @@ def test_a_short_grpo_run_trains_on_the_verifiers_reward(spec, tmp_path, starter
 
 
 @pytest.mark.slow
+def test_a_self_cold_start_on_a_verifiers_environment_says_what_it_found(
+        tmp_path, capsys, starter_2m_folder):
+    """Issue #69: the policy's own successes are mined on any environment kind; where
+    nothing passes in the budget the run says so plainly and RL trains from the base."""
+    pytest.importorskip("trl")
+    assert main(["grpo", "--env", "verifiers:vf-arith?count=40", "--base-model", "starter-2m",
+                 "--steps", "1", "--num-generations", "2", "--eval-samples", "1",
+                 "--eval-repeats", "1", "--monitor-every", "0", "--cold-start", "self",
+                 "--cold-start-prompts", "4", "--cold-start-samples", "4",
+                 "--runs-dir", str(tmp_path)]) in (0, 1)
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "vf-arith-grpo-v1" / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["cold_start"]["source"] == "self"
+    rounds = summary["cold_start"]["self"]["rounds"]
+    found = sum(find["new"] for entry in rounds for find in entry["categories"])
+    assert "cold start (self): round 1: " in out
+    if not found:  # the starter answers no arithmetic
+        assert "no reply passed in any category: the policy is unchanged" in out
+        assert len(rounds) == 1 and summary["cold_start"]["demos"] == 0
+
+
+@pytest.mark.slow
 def test_sft_learns_from_the_ground_truth_and_dpo_says_why_it_cannot(tmp_path, capsys,
                                                                       starter_2m_folder):
     pytest.importorskip("trl")

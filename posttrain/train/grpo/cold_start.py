@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posttrain.data.prompts import balance
@@ -29,12 +29,22 @@ from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext
 from posttrain.train.fused_head import labelled_positions_only
 from posttrain.train.grpo.cold_start_check import ColdStartCheck, check_prompts, first_check_step
+from posttrain.train.grpo.cold_start_self import (
+    SelfMining,
+    SelfRound,
+    keep_passing,
+    mined_categories,
+    mining_prompts,
+    round_steps,
+    sample_round,
+)
 from posttrain.train.grpo.plan import GRPOPlan
 from posttrain.train.measure import PolicyEvaluation, evaluate_policy, evaluation_sampling
 from posttrain.train.recipe import say_guards
 from posttrain.train.settings import rate_for_size
 from posttrain.train.sft.settings import SFTSettings
 from posttrain.train.sft.trainer import build_sft_trainer, gather_demos, write_demos
+from posttrain.train.training_data.demos import Demo
 from posttrain.train.trl_run import quiet_transformers_warnings
 
 #: The cold start's LoRA rates by model size. Measured on SmolLM2-135M (refund rule, 60
@@ -74,10 +84,13 @@ class ColdStart:
     learning_rate: float
     loss: float | None
     check: dict[str, Any] | None = None
+    #: ``--cold-start self``'s rounds (``SelfMining.to_dict``)
+    mining: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"demos": self.demos, "steps": self.steps, "learning_rate": self.learning_rate,
-                "final_loss": self.loss, **({"check": self.check} if self.check else {})}
+                "final_loss": self.loss, **({"check": self.check} if self.check else {}),
+                **({"self": self.mining} if self.mining else {})}
 
 
 def until_check(context: RecipeContext[Any], settings: Any) -> ColdStartCheck:
@@ -91,15 +104,16 @@ def until_check(context: RecipeContext[Any], settings: Any) -> ColdStartCheck:
 
 
 def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
-    """SFT on the reference agent's replies to the train prompts, merged into
-    ``context.policy`` (saved as ``merged/``), then evaluated on the holdout
-    ``eval_repeats`` times; ``context.before_rows`` becomes those rows, RL's baseline.
-    The settings (steps, early stop, balance, rate) and the precision are the plan's."""
+    """The plan's cold start: SFT on the reference agent's replies to the train prompts,
+    or (``--cold-start self``) on the policy's own passing replies, round by round
+    (``cold_start_self``); merged into ``context.policy`` (saved as ``merged/``), then
+    evaluated on the holdout ``eval_repeats`` times; ``context.before_rows`` becomes those
+    rows, RL's baseline. The settings (steps, early stop, balance, rate) and the precision
+    are the plan's."""
+    if plan.cold_start.source == "self":
+        return self_cold_start(context, plan)
     settings = plan.settings
-    # what the GRPO settings make of it: SFT's settings, a rate and the early stop
     sft = cold_start_settings(settings)
-    learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
-    check = until_check(context, settings)
     train = context.data.train
     if settings.cold_start_balance > 0:  # the demonstrations only: RL's mix is --balance's
         train = balance(train, settings.cold_start_balance)
@@ -107,6 +121,71 @@ def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     demos, report = gather_demos(context, sft, train)
     write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
     context.say(f"cold start: {report.describe()}")
+    tuned = fine_tune(context, plan, demos, sft.steps)
+    return finish_cold_start(context, plan, report.kept, tuned)
+
+
+def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
+    """``--cold-start self`` (``cold_start_self``): rounds of sampling the train prompts
+    of the categories the base does not pass, keeping what the rule passes and
+    fine-tuning on it, while a round finds replies it had not."""
+    settings = plan.settings
+    categories = mined_categories(plan.cold_start.signal)
+    records = mining_prompts(list(context.data.train), categories, settings.cold_start_prompts)
+    context.say(f"cold start (self): {settings.cold_start_samples} samples at temperature "
+                f"{settings.cold_start_temperature:g} of each of {len(records)} train prompts "
+                f"({', '.join(categories)}) a round, up to {settings.cold_start_rounds} rounds")
+    mining = SelfMining(categories)
+    demos: list[Demo] = []
+    seen: set[tuple[str, str]] = set()
+    tuned = FineTuning()
+    batch = cold_start_settings(settings).batch_size
+    for index in range(1, settings.cold_start_rounds + 1):
+        finds = keep_passing(context, sample_round(context, settings, records, index),
+                             categories, seen, demos)
+        entry = SelfRound(index, finds)
+        mining.rounds.append(entry)
+        context.say(f"cold start (self): round {index}: "
+                    + "; ".join(find.words() for find in finds))
+        if not any(find.new for find in finds):
+            break  # the policy finds nothing it had not: more rounds would add nothing
+        entry.kept, entry.steps = len(demos), round_steps(settings, len(demos), batch)
+        tuned = tuned.then(fine_tune(context, plan, demos, entry.steps))
+    write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
+    nothing = mining.nothing_in()
+    if not demos:
+        context.say("cold start (self): no reply passed in any category: the policy is "
+                    "unchanged, and RL runs from the base")
+    elif nothing:
+        context.say(f"cold start (self): nothing passed in the budget for "
+                    f"{', '.join(nothing)}; RL trains on the rest")
+    cold = finish_cold_start(context, plan, len(demos), tuned)
+    cold.mining = mining.to_dict()
+    return cold
+
+
+@dataclass
+class FineTuning:
+    """What the cold start's fine-tuning did (every round of it, for ``self``)."""
+
+    steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    learning_rate: float | None = None
+    check: ColdStartCheck | None = None
+
+    def then(self, later: FineTuning) -> FineTuning:
+        return FineTuning(self.steps + later.steps, self.losses + later.losses,
+                          later.learning_rate, later.check)
+
+
+def fine_tune(context: RecipeContext[Any], plan: GRPOPlan, demos: list[Demo],
+              steps: int) -> FineTuning:
+    """SFT with a fresh LoRA adapter on ``demos`` for ``steps`` steps (fewer when the
+    ``--cold-start-until`` check stops it), merged into ``context.policy``."""
+    settings = plan.settings
+    sft = replace(cold_start_settings(settings), steps=steps)
+    learning_rate = cold_start_learning_rate(settings, parameter_count(context.policy.model))
+    check = until_check(context, replace(settings, cold_start_steps=steps))
     precision = plan.precision
     until = (f"; stops once a train sample passes at {check.until:g} in every category "
              f"(checked every {check.every} steps from step "
@@ -127,8 +206,18 @@ def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     # the adapter merged into the weights: RL's fresh adapter trains on top of it, and its
     # KL reference (the adapter switched off) is the cold-started policy
-    trained = merge_adapter(replace(context.policy, model=trainer.model, adapter="cold start"))
-    context.policy = trained
+    context.policy = merge_adapter(replace(context.policy, model=trainer.model,
+                                           adapter="cold start"))
+    return FineTuning(check.stopped_at or sft.steps, losses, learning_rate,
+                      check if check.active else None)
+
+
+def finish_cold_start(context: RecipeContext[Any], plan: GRPOPlan, demos: int,
+                      tuned: FineTuning) -> ColdStart:
+    """The cold-started policy saved (``merged/``) and evaluated on the holdout: RL's
+    baseline, and the guards read on it."""
+    settings = plan.settings
+    trained = context.policy
     if context.ranks.is_main:
         save_policy(trained, context.folder.file("merged"))
     evaluation = evaluate_policy(context, trained, repeats=settings.eval_repeats,
@@ -137,6 +226,8 @@ def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     context.folder.write_rows("holdout_cold_start.jsonl", evaluation.rows)
     context.say(f"cold start  {evaluation.describe()}")
     say_guards(context, evaluation.rows)  # RL's verdict guards against these rows
-    return ColdStart(evaluation, demos=report.kept, steps=check.stopped_at or sft.steps,
-                     learning_rate=learning_rate, loss=losses[-1] if losses else None,
-                     check=check.to_dict() if check.active else None)
+    learning_rate = tuned.learning_rate if tuned.learning_rate is not None else \
+        cold_start_learning_rate(settings, parameter_count(trained.model))
+    return ColdStart(evaluation, demos=demos, steps=tuned.steps, learning_rate=learning_rate,
+                     loss=tuned.losses[-1] if tuned.losses else None,
+                     check=tuned.check.to_dict() if tuned.check is not None else None)

@@ -1,4 +1,5 @@
-"""Whether a GRPO run begins with a supervised cold start (``--cold-start none|auto|sft``),
+"""Whether a GRPO run begins with a supervised cold start (``--cold-start
+none|auto|sft|self``),
 read from the base policy's holdout rows; the cold start itself is ``cold_start.py``.
 
 GRPO learns only from groups whose replies score differently. A real model that never
@@ -7,9 +8,9 @@ tool: none of its with-id replies pass, every group scores alike) gives RL nothi
 reinforce there. ``read_signal`` reads the baseline phase's rows: per category, how many
 replies passed and how many groups (one prompt's samples in one evaluation) scored all
 alike. ``choose_cold_start``: ``sft`` always, ``none`` never, ``auto`` when some category's
-pass rate is *shown* low, the environment has a reference agent and the run does not start
-from ``--from-run`` (without a reference agent the run says it cannot cold-start and trains
-from the base).
+pass rate is *shown* low and the run does not start from ``--from-run``: from the
+environment's reference agent when it has one, else from the policy's own passing replies
+(``self``, ``cold_start_self``); an environment that plays episodes gets none, said.
 
 Shown low, not seen low: a category passing 0 of 3 holdout replies says little (another
 CPU's rounding passes 1 of 3, and the run would be another run). A category is shown low
@@ -28,7 +29,7 @@ from posttrain.envs.base import Env, ReferenceAgentSource, has_hook, is_multi_tu
 from posttrain.errors import PosttrainError
 from posttrain.score.stats import clopper_pearson_upper
 
-COLD_STARTS = ("none", "auto", "sft")
+COLD_STARTS = ("none", "auto", "sft", "self")
 
 #: a category's pass rate is shown low when its one-sided interval's upper end is under
 #: this (at ``LOW_PASS_CONFIDENCE``): RL then draws a passing reply in fewer than one
@@ -114,9 +115,18 @@ class ColdStartChoice:
     run: bool
     reason: str
     signal: list[CategorySignal] = field(default_factory=list)
+    #: what it learns from: the environment's reference agent, or the policy's own
+    #: passing replies (``cold_start_self``)
+    source: str = "reference"
+
+    @property
+    def name(self) -> str:
+        """The plan's word for it: none, sft (from the reference agent) or self."""
+        return ("self" if self.source == "self" else "sft") if self.run else "none"
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "reason": self.reason,
+                **({"source": self.source} if self.run else {}),
                 "signal": [vars(category) for category in self.signal]}
 
 
@@ -129,6 +139,10 @@ def check_cold_start(asked: str, env: Env) -> None:
     demonstrations (before anything loads)."""
     if asked not in COLD_STARTS:
         raise PosttrainError(f"--cold-start {asked!r}: expected one of {', '.join(COLD_STARTS)}")
+    if asked == "self" and is_multi_turn(env):
+        raise PosttrainError(
+            f"--cold-start self fine-tunes on single replies and {env.name!r} plays "
+            "episodes: use --cold-start none")
     if asked == "sft":
         if is_multi_turn(env):
             raise PosttrainError(
@@ -147,6 +161,8 @@ def choose_cold_start(asked: str, env: Env, base_rows: list[dict[str, Any]],
         return ColdStartChoice(False, "--cold-start none", signal)
     if asked == "sft":
         return ColdStartChoice(True, "--cold-start sft", signal)
+    if asked == "self":
+        return ColdStartChoice(True, "--cold-start self", signal, source="self")
     if from_run:
         return ColdStartChoice(False, f"auto: the run starts from --from-run {from_run}",
                                signal)
@@ -164,11 +180,17 @@ def choose_cold_start(asked: str, env: Env, base_rows: list[dict[str, Any]],
                                + "; ".join(category.words() for category in signal) + ")",
                                signal)
     nothing = "; ".join(category.words() for category in low)
-    if not has_reference_agent(env):
+    if is_multi_turn(env):
         return ColdStartChoice(
             False, f"auto: the base policy gives RL nothing to reinforce ({nothing}), but "
-            f"environment {env.name!r} has no reference agent to cold-start from; RL runs "
-            "from the base", signal)
+            f"environment {env.name!r} plays episodes, which no cold start here writes; RL "
+            "runs from the base", signal)
+    if not has_reference_agent(env):
+        return ColdStartChoice(
+            True, f"auto: the base policy gives RL nothing to reinforce ({nothing}) and "
+            f"environment {env.name!r} has no reference agent: a cold start from the "
+            "policy's own passing replies first (sampled at a higher temperature, kept "
+            "where the rule passes them)", signal, source="self")
     return ColdStartChoice(True, f"auto: the base policy gives RL nothing to reinforce "
                            f"({nothing}): a supervised cold start from the reference agent "
                            "first", signal)

@@ -73,7 +73,7 @@ class GRPOPlan:
                      "a cold start follows: RL's baseline is the cold-started policy, "
                      f"evaluated {settings.eval_repeats} times" if self.cold_start.run else
                      "the base is RL's baseline; its repeats give the noise band"),
-            PlanLine("cold start", "sft" if self.cold_start.run else "none",
+            PlanLine("cold start", self.cold_start.name,
                      self.cold_start.reason, signal),
         ]
         if self.cold_start.run:

@@ -211,12 +211,15 @@ class GRPOSettings(RecipeSettings):
         default="auto",
         metadata={"help": "a supervised cold start before RL, in the same run: sft (SFT on "
                           "the environment's reference agent's replies to the train "
-                          "prompts, merged in), none, or auto (sft when the base's first "
-                          "evaluation shows some category's pass rate under 0.05, so RL "
-                          "would have almost nothing to reinforce there: the upper end of "
+                          "prompts, merged in), self (SFT on the policy's own replies "
+                          "that the rule passes, sampled at --cold-start-temperature, in "
+                          "rounds while they find more), none, or auto (when the base's "
+                          "first evaluation shows some category's pass rate under 0.05, so "
+                          "RL would have almost nothing to reinforce there: the upper end of "
                           "its 95%% interval under the mark, 59 replies when none passed; "
-                          "with fewer it keeps none and says so). The report gives each "
-                          "phase its own delta",
+                          "sft where the environment has a reference agent, else self; "
+                          "with fewer replies it keeps none and says so). The report gives "
+                          "each phase its own delta",
                   "choices": COLD_STARTS},
     )
     cold_start_shape: str = field(
@@ -271,6 +274,30 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "LoRA learning rate of the cold start (default by model size: "
                           "1e-3 up to 10M parameters, 5e-4 up to 300M, 5e-5 up to 1B, 2e-5 "
                           "above)"},
+    )
+    cold_start_samples: int = field(
+        default=8,
+        metadata={"help": "--cold-start self: replies sampled per train prompt in each round "
+                          "(the pass@k the policy's own successes are found by)",
+                  "range": (1, 1024)},
+    )
+    cold_start_temperature: float = field(
+        default=1.0,
+        metadata={"help": "--cold-start self: the sampling temperature of its rounds (higher "
+                          "than the evaluation's, so a move the policy makes rarely shows)",
+                  "range": (0.01, 5.0)},
+    )
+    cold_start_prompts: int = field(
+        default=64,
+        metadata={"help": "--cold-start self: train prompts sampled per category in each round "
+                          "(the categories the base does not pass)",
+                  "range": (1, 100_000)},
+    )
+    cold_start_rounds: int = field(
+        default=3,
+        metadata={"help": "--cold-start self: the most rounds of sampling and fine-tuning; "
+                          "they end sooner when a round finds no passing reply it had not",
+                  "range": (1, 100)},
     )
     reward: str | None = field(
         default=None,
@@ -372,6 +399,16 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     if settings.cold_start_check_every < 0:
         raise PosttrainError("--cold-start-check-every must be 0 (no check) or more, got "
                              f"{settings.cold_start_check_every}")
+    for flag, value, low, high in (
+            ("--cold-start-samples", settings.cold_start_samples, 1, 1024),
+            ("--cold-start-prompts", settings.cold_start_prompts, 1, 100_000),
+            ("--cold-start-rounds", settings.cold_start_rounds, 1, 100)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise PosttrainError(f"{flag} must be a whole number from {low} to {high}, got "
+                                 f"{value!r}")
+    heat = settings.cold_start_temperature
+    if not (math.isfinite(heat) and 0.01 <= heat <= 5.0):
+        raise PosttrainError(f"--cold-start-temperature must be between 0.01 and 5, got {heat}")
     rate = settings.cold_start_learning_rate
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise PosttrainError(f"--cold-start-learning-rate must be a number above 0, got {rate}")

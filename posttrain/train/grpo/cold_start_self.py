@@ -1,0 +1,166 @@
+"""``--cold-start self``: a cold start from the policy's own successes (expert iteration).
+
+An environment without a reference agent (a verifiers, inspect or OpenEnv environment, or
+a rule a user brings) leaves the reference cold start nothing to learn from. What the
+policy does now can still hold the move: a base that passes 0 of 88 replies at its
+evaluation temperature may pass a few of hundreds at a higher one (pass@k). So, for the
+categories the base does not pass (the plan's evidence; every category when asked for
+``self`` with none low):
+
+1. sample ``--cold-start-samples`` replies to each of up to ``--cold-start-prompts``
+   train prompts per category at ``--cold-start-temperature``, grade them by the rule,
+   and keep the passing ones (each distinct reply once);
+2. fine-tune on every reply kept so far (a fresh LoRA adapter, merged in), then sample
+   again from the fine-tuned policy;
+3. repeat while a round finds replies it had not (at most ``--cold-start-rounds``).
+
+Each round prints, per category, how many passing replies it found in how many samples;
+a category where nothing passes in the budget is said plainly and RL trains on the rest.
+The merged policy is then evaluated on the holdout like the reference cold start's
+(``cold_start.finish_cold_start``): RL's baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.policy.model_agent import ModelAgent, default_max_new_tokens
+from posttrain.policy.sampler import SamplingParams
+from posttrain.progress import progress_bar
+from posttrain.score.rows import grade
+from posttrain.train.context import RecipeContext
+from posttrain.train.training_data.demos import Demo
+
+#: epochs over the replies kept so far that one round's fine-tuning takes (within
+#: ``--cold-start-steps``): a handful of found replies is not trained on for 40 steps
+SELF_EPOCHS = 3
+
+
+@dataclass
+class CategoryFind:
+    """One round's sampling of one category: samples drawn, passing replies found (new
+    ones, not found in an earlier round), and on how many prompts."""
+
+    name: str
+    prompts: int = 0
+    samples: int = 0
+    passed: int = 0
+    new: int = 0
+    prompts_passed: int = 0
+
+    def words(self) -> str:
+        if not self.passed:
+            return f"{self.name} 0 passing of {self.samples} samples"
+        return (f"{self.name} {self.passed} passing of {self.samples} samples ({self.new} "
+                f"new; on {self.prompts_passed} of {self.prompts} prompts)")
+
+
+@dataclass
+class SelfRound:
+    """One round: what it found, by category, and the fine-tuning that followed."""
+
+    index: int
+    finds: list[CategoryFind]
+    kept: int = 0  # replies trained on after this round (every round's so far)
+    steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.index, "kept": self.kept, "steps": self.steps,
+                "categories": [vars(find) for find in self.finds]}
+
+
+@dataclass
+class SelfMining:
+    """Every round of a self cold start."""
+
+    categories: list[str]
+    rounds: list[SelfRound] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": "self", "categories": self.categories,
+                "rounds": [entry.to_dict() for entry in self.rounds]}
+
+    def nothing_in(self) -> list[str]:
+        """The categories no round found a passing reply for."""
+        found = {find.name for entry in self.rounds for find in entry.finds if find.passed}
+        return [name for name in self.categories if name not in found]
+
+
+def mined_categories(choice_signal: list[Any]) -> list[str]:
+    """The categories a self cold start samples: those the base's first evaluation saw
+    under the mark, else every category (``--cold-start self`` on a base that passes)."""
+    low = [category.name for category in choice_signal if category.seen_low()]
+    return low or [category.name for category in choice_signal]
+
+
+def mining_prompts(train: list[dict[str, Any]], categories: list[str], per_category: int
+                   ) -> list[dict[str, Any]]:
+    """Up to ``per_category`` train prompts of each category mined, in the train order
+    (which the run's data seed set)."""
+    chosen: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    for record in train:
+        name = str(record.get("category"))
+        if name in categories and counts.get(name, 0) < per_category:
+            counts[name] = counts.get(name, 0) + 1
+            chosen.append(record)
+    return chosen
+
+
+def sample_round(context: RecipeContext[Any], settings: Any, records: list[dict[str, Any]],
+                 round_index: int) -> list[dict[str, Any]]:
+    """``--cold-start-samples`` graded replies to each record from the policy as it is now,
+    at ``--cold-start-temperature`` (seeded by the run's seed and the round)."""
+    policy = context.policy
+    params = SamplingParams(temperature=settings.cold_start_temperature, top_p=1.0,
+                            max_new_tokens=default_max_new_tokens(policy))
+    was_training = policy.model.training
+    policy.model.eval()
+    total = len(records) * settings.cold_start_samples
+    try:
+        with progress_bar(f"cold start (self): round {round_index} sampling", total,
+                          enabled=context.ranks.is_main) as update:
+            return grade(context.env, records, ModelAgent(policy, params),
+                         k=settings.cold_start_samples,
+                         seed=settings.seed * 1000 + round_index,
+                         progress=lambda done, _total: update(done))
+    finally:
+        if was_training:
+            policy.model.train()
+
+
+def keep_passing(context: RecipeContext[Any], rows: list[dict[str, Any]],
+                 categories: list[str], seen: set[tuple[str, str]], demos: list[Demo]
+                 ) -> list[CategoryFind]:
+    """Add each passing reply not kept before to ``demos``; the round's finds by
+    category."""
+    finds = {name: CategoryFind(name) for name in categories}
+    prompts: dict[str, set[str]] = {name: set() for name in categories}
+    passed_on: dict[str, set[str]] = {name: set() for name in categories}
+    for row in rows:
+        find = finds[str(row["category"])]
+        find.samples += 1
+        prompts[find.name].add(row["prompt"])
+        if row["reward"] != 1:
+            continue
+        find.passed += 1
+        passed_on[find.name].add(row["prompt"])
+        key = (row["prompt"], row["reply"])
+        if key in seen:
+            continue
+        seen.add(key)
+        find.new += 1
+        demos.append({"prompt": context.env.messages_for(row["prompt"]),
+                      "completion": [{"role": "assistant", "content": row["reply"]}],
+                      "scenario_id": row["scenario_id"]})
+    for name, find in finds.items():
+        find.prompts, find.prompts_passed = len(prompts[name]), len(passed_on[name])
+    return list(finds.values())
+
+
+def round_steps(settings: Any, kept: int, batch_size: int) -> int:
+    """A round's fine-tuning steps: ``SELF_EPOCHS`` over the replies kept so far, within
+    ``--cold-start-steps``."""
+    return max(1, min(settings.cold_start_steps, math.ceil(SELF_EPOCHS * kept / batch_size)))
