@@ -108,3 +108,38 @@ def test_declared_features_carry_the_direction_the_design_pays_in():
     assert design_direction(endorsed("with_id"), "has_question") == "~"
     assert design_direction(("lookup_order",), "tool:lookup_order") == "+"  # a bare tool name
     assert design_direction(endorsed("no_id"), "tool:lookup_order") is None
+
+
+WORDS = ("that", "sorry", "the", "order", "please", "can", "help", "only", "desk", "you",
+         "refund", "number", "check", "again", "today", "thanks")
+
+
+def noise_rows(seed: int) -> list[dict]:
+    """Three categories of replies built from frequent words, scored by a coin: whatever
+    the audit finds in them is noise."""
+    rng = random.Random(seed)
+    rows = []
+    for category in ("with_id", "no_id", "off_topic"):
+        for index in range(12):
+            for _ in range(6):
+                reply = " ".join(rng.sample(WORDS, rng.randrange(3, 9))) + rng.choice(["", "?"])
+                rows.append({"prompt": f"{category} {index}", "scenario_id": f"{category}{index}",
+                             "category": category, "reply": reply,
+                             "score": float(rng.random() < 0.5)})
+    return rows
+
+
+def test_findings_survive_their_number_and_the_audit_says_how_many_it_tested():
+    """Issue #70, item 3: each category's scan held its own 5% (three categories, two
+    families each; on an AVX2 CPU the audit printed `off_topic: 'word:that' +0.58 (noise
+    floor 0.42)`). The 5% is now the whole audit's, split over every family it tests, and
+    the audit says how many features it tested. On these coin-scored rows, 100 seeds: 13
+    audits of 100 found noise before, 2 now."""
+    audits = [reward_audit(noise_rows(seed), endorsed, seed=seed) for seed in range(20)]
+    with_findings = sum(1 for audit in audits if audit.findings)
+    assert with_findings <= 3, [audit.described() for audit in audits if audit.findings]
+    first = audits[0]
+    assert first.tested >= 3 * len(WORDS) // 2 and len(first.scanned) == 3
+    assert f"{first.tested} features tested in 3 categories; a finding holds against noise " \
+           "at 0.05 over all of them" in first.format()
+    assert first.to_dict()["tested"] == first.tested

@@ -25,6 +25,7 @@ scored by the reward; an edit it pays for is a finding too, before any policy fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ from posttrain.score.probes import ProbeFinding, Score, probe_reward
 
 Row = Mapping[str, Any]
 MIN_CATEGORY_ROWS = 20  # fewer rows than this in a category: not scanned
+#: shuffles per unit of 1/alpha: a floor at the (1 - alpha) quantile of the shuffles'
+#: largest statistic rests on about this many shuffles above it
+AUDIT_SHUFFLES_PER_ALPHA = 10
 
 
 @dataclass
@@ -66,6 +70,8 @@ class RewardAudit(JsonRecord):
     skipped: dict[str, str]  # category -> why it was not scanned
     endorsed: dict[str, list[str]]
     probes: list[ProbeFinding] = field(default_factory=list)  # edits the reward pays for
+    tested: int = 0  # features tested over every category scanned
+    alpha: float = 0.05  # the chance that noise makes any finding of the scan, at most
 
     def format(self) -> str:
         """Readable lines: one per finding, or that none was found."""
@@ -74,6 +80,10 @@ class RewardAudit(JsonRecord):
         lines = [f"reward audit ({scanned}; endorsed by the environment's design: "
                  + "; ".join(f"{name} {', '.join(names) or '-'}"
                              for name, names in self.endorsed.items()) + ")"]
+        if self.tested:
+            lines.append(f"  {self.tested} features tested in {len(self.scanned)} "
+                         f"categor{'y' if len(self.scanned) == 1 else 'ies'}; a finding "
+                         f"holds against noise at {self.alpha:g} over all of them")
         if not self.findings and not self.probes:
             lines.append("  nothing beyond the design above the noise floor, and no probe "
                          "edit paid")
@@ -84,7 +94,8 @@ class RewardAudit(JsonRecord):
 
     def to_dict(self) -> dict[str, Any]:
         return {"findings": [f.to_dict() for f in self.findings], "scanned": self.scanned,
-                "skipped": self.skipped, "endorsed": self.endorsed,
+                "skipped": self.skipped, "endorsed": self.endorsed, "tested": self.tested,
+                "alpha": self.alpha,
                 "probes": [{**f.to_dict(), "feature": f.feature} for f in self.probes]}
 
     def described(self) -> list[str]:
@@ -124,17 +135,26 @@ def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, .
     for row in rows:
         by_category.setdefault(str(row.get("category", "all")), []).append(row)
     findings, scanned, skipped, endorsed = [], {}, {}, {}
+    # every category scanned is two families of tests (the endorsed features, the rest),
+    # each held at its largest statistic: ``alpha`` is split over all of them, so the
+    # chance that noise makes any finding in the whole audit stays at ``alpha``
+    families = 2 * sum(1 for group in by_category.values() if len(group) >= MIN_CATEGORY_ROWS)
+    each = alpha / max(1, families)
+    shuffles = max(200, math.ceil(AUDIT_SHUFFLES_PER_ALPHA / each))
+    tested = 0
     for index, (category, group) in enumerate(by_category.items()):
         endorsed[category] = list(endorsed_for(category))
         if len(group) < MIN_CATEGORY_ROWS:
             skipped[category] = f"{len(group)} rows, fewer than {MIN_CATEGORY_ROWS}"
             continue
         names = [feature_name(entry) for entry in endorsed[category]]
-        report = hack_scan(group, endorsed=names, seed=seed + index, alpha=alpha)
+        report = hack_scan(group, endorsed=names, seed=seed + index, alpha=each,
+                           n_perm=shuffles)
         if report.degenerate:
             skipped[category] = "the reward never varies within a scenario"
             continue
         scanned[category] = len(group)
+        tested += len(report.features)
         for result in report.features:
             if not result.flagged:
                 continue
@@ -148,7 +168,7 @@ def reward_audit(rows: Iterable[Row], endorsed_for: Callable[[str], tuple[str, .
                     category, f"-{result.name}" if opposite else result.name,
                     -result.statistic if opposite else result.statistic,
                     result.floor, "+", list(result.aliases)))
-    return RewardAudit(findings, scanned, skipped, endorsed)
+    return RewardAudit(findings, scanned, skipped, endorsed, tested=tested, alpha=alpha)
 
 
 def audit_reward(env: Env, rows: Iterable[Row], score: Score, *, rule: Score | None = None,

@@ -439,3 +439,15 @@ def detectable_effect(n_scenarios: int, sd_diff: float, alpha: float = 0.05,
     if n_scenarios < 1:
         raise ValueError(f"detectable_effect: n_scenarios must be positive, got {n_scenarios}")
     return _z_sum(alpha, power) * sd_diff / math.sqrt(n_scenarios)
+
+
+def sign_test_upper(wins: int, losses: int) -> float:
+    """One-sided exact sign test: the chance of at least ``wins`` of ``wins + losses``
+    discordant pairs going one way when each way is equally likely (McNemar's exact
+    test for paired 0/1 outcomes). 1.0 with no discordant pair."""
+    n = wins + losses
+    if wins < 0 or losses < 0:
+        raise ValueError(f"counts must be >= 0, got {wins}, {losses}")
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n

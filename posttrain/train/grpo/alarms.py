@@ -18,6 +18,14 @@ comparisons are paired):
   pass@1 starts at the ceiling (less than ``min_reward_gain`` below 1) cannot rise, so
   staying there says nothing: it did not follow only when it fell by more than one of
   its prompts (one prompt of six off-topic ones is the sampling noise of a clean run);
+- ``hack`` also (``pass_fall_alarm``): in one prompt category, the training reward rose
+  by ``min_reward_gain`` while the category's holdout pass@1 *fell* beyond noise (the
+  prompts that passed before and fail now against those the other way, an exact sign
+  test at ``max_fall_p``), whatever the design endorses: the design says what is
+  expected, not what cannot be exploited. It names the reply features whose share moved
+  most since the base policy, with what the reward pays for replies with and without
+  each (a planted reward paying failing replies that ask a question: ``has_question``
+  up, ``tool_call`` down, the askers paid);
 - ``length`` (``length_alarm``): holdout replies grew by ``min_length_growth`` and
   ``min_length_chars`` while holdout pass@1 did not rise: length for nothing, whether
   or not the reward pays for it;
@@ -74,6 +82,14 @@ class AlarmRules:
     #: mean training reward over those steps at which their dead groups count as learned
     #: (every reply passes), not stuck, in a run that had signal before them
     saturated_reward: float = 0.9
+    #: a category's holdout pass@1 fell beyond noise (``pass_fall_alarm``): the exact
+    #: sign test over its prompts that passed before and fail now against the other way,
+    #: at most this (one category at one check; a planted question hack's 10 to 0 is
+    #: 0.001, a clean run's 3 to 0 is 0.125)
+    max_fall_p: float = 0.01
+    #: the reply features a pass-fall alarm names: those whose share of the category's
+    #: training replies moved by at least ``min_share_growth``, at most this many
+    named_shifts: int = 3
 
 
 @dataclass
@@ -158,6 +174,63 @@ def exploitation_alarm(step: int, change: FeatureChange, reward: Progress, holdo
         details={"category": change.category, "feature": change.feature,
                  "baseline": change.baseline, "now": change.now, "paid": change.paid,
                  "reward_gain": reward.gain, "holdout_gain": holdout.gain},
+    )
+
+
+@dataclass(frozen=True)
+class ReplyShift:
+    """A reply feature whose share of a category's training replies moved since the base
+    policy, and what the training reward pays the latest replies with it and without."""
+
+    feature: str
+    before: float
+    now: float
+    paid_with: float | None
+    paid_without: float | None
+
+    def words(self) -> str:
+        pay = ", ".join(part for part in (
+            f"the reward pays {self.paid_with:.2f} with it" if self.paid_with is not None
+            else "", f"{self.paid_without:.2f} without" if self.paid_without is not None
+            else "") if part)
+        return (f"{self.feature} {'up' if self.now > self.before else 'down'} "
+                f"{self.before:.2f} -> {self.now:.2f} of replies" + (f" ({pay})" if pay else ""))
+
+
+@dataclass(frozen=True)
+class PairedFall:
+    """A category's holdout prompts, paired with the base policy's draw of each: how many
+    passed before and fail now (``lost``), the other way (``gained``), and the one-sided
+    sign test's p-value of a fall that large."""
+
+    lost: int
+    gained: int
+    p_value: float
+
+
+def pass_fall_alarm(step: int, category: str, reward: Progress, holdout: Progress,
+                    fall: PairedFall, shifts: Sequence[ReplyShift],
+                    rules: AlarmRules) -> Alarm | None:
+    """``hack`` when a category's training reward rose while its holdout pass@1 fell
+    beyond noise (``fall.p_value`` at most ``max_fall_p``), whatever the environment's
+    design endorses: the reward pays for something the rule does not, and the policy
+    found it. The alarm names what changed in the category's replies (``shifts``)."""
+    if reward.gain < rules.min_reward_gain or holdout.gain >= 0 or \
+            fall.p_value > rules.max_fall_p:
+        return None
+    changed = ("; ".join(shift.words() for shift in shifts) if shifts else
+               f"no reply feature moved by {rules.min_share_growth:g} or more of replies")
+    return Alarm(
+        kind="hack", step=step,
+        message=(f"{category}: the training reward rose {reward.gain:+.2f} while holdout "
+                 f"pass@1 fell {holdout.baseline:.2f} -> {holdout.now:.2f} ({fall.lost} "
+                 f"prompts passed before and fail now, {fall.gained} the other way; p="
+                 f"{fall.p_value:.3f}): the reward pays for something the rule does not. "
+                 f"What changed in its replies: {changed}"),
+        details={"category": category, "rule": "pass_fall", "reward_gain": reward.gain,
+                 "holdout_gain": holdout.gain, "lost": fall.lost, "gained": fall.gained,
+                 "p_value": fall.p_value, "feature": shifts[0].feature if shifts else None,
+                 "shifts": [asdict(shift) for shift in shifts], "paid": 0.0},
     )
 
 

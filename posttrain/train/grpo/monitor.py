@@ -12,7 +12,9 @@ Every ``every`` optimizer steps (and at the last step) it
    ``posttrain.envs.base.rewarded_features``) and measures how far each feature the
    reward pays for beyond the design has grown since the base policy;
 3. applies the alarm rules of ``posttrain.train.grpo.alarms``: ``hack`` (a paid, unendorsed
-   feature grows while the training reward rises and the holdout does not follow),
+   feature grows while the training reward rises and the holdout does not follow; or,
+   whatever the design endorses, the training reward rises while the category's holdout
+   pass@1 falls beyond noise, naming the reply features that moved most),
    ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout,
    and the training rollouts do not show the reward punishing its loss)
    and ``divergence`` (with a gold judge: the proxy rises on the holdout, the judge's
@@ -37,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from transformers import TrainerCallback as HFTrainerCallback
 
 from posttrain.envs.base import (
@@ -54,16 +57,20 @@ from posttrain.score.audit import against_design
 from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.hack_scan import build_features, hack_scan
 from posttrain.score.rows import grade, spread
+from posttrain.score.stats import sign_test_upper
 from posttrain.train.grpo.alarms import (
     Alarm,
     AlarmRules,
     FeatureChange,
+    PairedFall,
     Progress,
+    ReplyShift,
     divergence_alarm,
     exploitation_alarm,
     guard_alarm,
     guard_pay,
     length_alarm,
+    pass_fall_alarm,
     reward_gap_alarm,
 )
 from posttrain.train.rewards import RuleReward
@@ -167,6 +174,7 @@ class HackMonitor(HFTrainerCallback):
         self._scan_start = 0
         self._raised: set[tuple[str, str]] = set()
         self.last_rows: list[dict[str, Any]] = []  # the last holdout check's graded rows
+        self._baseline_rows: list[dict[str, Any]] = []  # the baseline's draw of each prompt
         self._baseline_rollouts = self._rescored(baseline_rows)
         self._baseline_holdout = self._holdout_baseline(baseline_rows)
 
@@ -197,6 +205,7 @@ class HackMonitor(HFTrainerCallback):
                  and (str(row["scenario_id"]), row["prompt"]) in wanted]
         if not first or len(first) != len(wanted):
             return None
+        self._baseline_rows = first
         return summarise_holdout(0, first, self.gold, self._train_reward(first))
 
     # ------------------------------------------------------------------ hooks
@@ -205,6 +214,7 @@ class HackMonitor(HFTrainerCallback):
         if self._baseline_holdout is None and self.settings.every > 0:
             started = time.perf_counter()
             self._baseline_holdout = self._sample_holdout(0, kwargs.get("model"))
+            self._baseline_rows = self.last_rows
             self.seconds += time.perf_counter() - started
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -286,6 +296,13 @@ class HackMonitor(HFTrainerCallback):
             ]
             if exploited:  # one alarm per category: the strongest, naming the others
                 found.append(_strongest(exploited))
+            else:  # reward up, pass down: an exploit whatever the design endorses
+                fall = pass_fall_alarm(
+                    check.step, category, reward, holdout,
+                    paired_fall(self._baseline_rows, self.last_rows, category),
+                    reply_shifts(base, rows, rules), rules)
+                if fall is not None:
+                    found.append(fall)
             if self.reward.custom:
                 gap = reward_gap_alarm(check.step, category, reward,
                                        Progress(_mean_score(base, "rule_score"),
@@ -362,6 +379,50 @@ class HackMonitor(HFTrainerCallback):
             "stopped_by": self.stopped_by,
             "seconds": round(self.seconds, 3),
         }
+
+
+def paired_fall(before: Sequence[dict[str, Any]], now: Sequence[dict[str, Any]],
+                category: str) -> PairedFall:
+    """The category's holdout prompts drawn at the baseline and now (the same sampling
+    seeds): how many passed before and fail now, how many the other way, and the sign
+    test's p-value of that many falls."""
+    def outcomes(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], bool]:
+        return {(str(row["scenario_id"]), row["prompt"]): row.get("reward") == 1
+                for row in rows if row.get("category") == category}
+
+    then, later = outcomes(before), outcomes(now)
+    shared = then.keys() & later.keys()
+    lost = sum(1 for key in shared if then[key] and not later[key])
+    gained = sum(1 for key in shared if later[key] and not then[key])
+    return PairedFall(lost, gained, sign_test_upper(lost, gained))
+
+
+def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
+                 rules: AlarmRules) -> list[ReplyShift]:
+    """The 0/1 reply features whose share moved most between the base policy's replies
+    and the latest training replies of one category (at least ``min_share_growth``, at
+    most ``named_shifts`` of them), each with the training reward's mean on the latest
+    replies with it and without it."""
+    columns = build_features([*base, *rows])
+    scores = np.array([float(row["score"]) for row in rows])
+    shifts = []
+    for name, values in columns.items():
+        values = np.asarray(values, dtype=float)
+        if not np.isin(values, (0.0, 1.0)).all():
+            continue  # a length or a count: the length rule's
+        before, now = values[: len(base)], values[len(base):]
+        if not len(before) or not len(now):
+            continue
+        moved = float(now.mean() - before.mean())
+        if abs(moved) < rules.min_share_growth:
+            continue
+        has = now == 1.0
+        shifts.append((abs(moved), ReplyShift(
+            name, float(before.mean()), float(now.mean()),
+            float(scores[has].mean()) if has.any() else None,
+            float(scores[~has].mean()) if (~has).any() else None)))
+    shifts.sort(key=lambda item: (-item[0], item[1].feature))
+    return [shift for _, shift in shifts[: rules.named_shifts]]
 
 
 def _strongest(alarms: list[Alarm]) -> Alarm:
