@@ -88,8 +88,9 @@ class AlarmRules:
     #: 0.001, a clean run's 3 to 0 is 0.125)
     max_fall_p: float = 0.01
     #: the reply features a pass-fall alarm names: those whose share of the category's
-    #: training replies moved by at least ``min_share_growth``, at most this many
-    named_shifts: int = 3
+    #: training replies moved by at least ``min_share_growth``, at most this many (half
+    #: of them grew, half fell)
+    named_shifts: int = 4
 
 
 @dataclass

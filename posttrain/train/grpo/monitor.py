@@ -406,10 +406,17 @@ def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
     columns = build_features([*base, *rows])
     scores = np.array([float(row["score"]) for row in rows])
     shifts = []
-    for name, values in columns.items():
-        values = np.asarray(values, dtype=float)
+    kept: list[np.ndarray] = []
+    # the plainest name first: a feature that is nearly another's copy or complement on
+    # these replies (``token:</tool_call>`` beside ``tool_call``) is one change, named once
+    for name in sorted(columns, key=_plainness):
+        values = np.asarray(columns[name], dtype=float)
         if not np.isin(values, (0.0, 1.0)).all():
             continue  # a length or a count: the length rule's
+        if any(max(np.mean(values == other), np.mean(values != other)) >= SAME_CHANGE
+               for other in kept):
+            continue
+        kept.append(values)
         before, now = values[: len(base)], values[len(base):]
         if not len(before) or not len(now):
             continue
@@ -422,7 +429,26 @@ def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
             float(scores[has].mean()) if has.any() else None,
             float(scores[~has].mean()) if (~has).any() else None)))
     shifts.sort(key=lambda item: (-item[0], item[1].feature))
-    return [shift for _, shift in shifts[: rules.named_shifts]]
+    # what grew and what fell, each its strongest first: the hack is often one of each
+    # (asking up, calling down)
+    each = max(1, rules.named_shifts // 2)
+    up = [shift for _, shift in shifts if shift.now > shift.before][:each]
+    down = [shift for _, shift in shifts if shift.now < shift.before][:each]
+    return sorted(up + down, key=lambda shift: -abs(shift.now - shift.before))
+
+
+#: two reply features that agree (or disagree) on this share of the replies are one change
+SAME_CHANGE = 0.97
+#: the reply features a person reads first, before the tools, markers, tokens and words
+PLAIN_FEATURES = ("tool_call", "has_question", "has_digits")
+
+
+def _plainness(name: str) -> tuple[int, str]:
+    if name in PLAIN_FEATURES:
+        return PLAIN_FEATURES.index(name), name
+    kinds = ("tool:", "marker:", "token:", "word:")
+    rank = next((i for i, kind in enumerate(kinds) if name.startswith(kind)), len(kinds))
+    return len(PLAIN_FEATURES) + rank, name
 
 
 def _strongest(alarms: list[Alarm]) -> Alarm:
