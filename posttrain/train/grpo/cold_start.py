@@ -122,7 +122,8 @@ def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
     context.say(f"cold start: {report.describe()}")
     tuned = fine_tune(context, plan, demos, sft.steps)
-    return finish_cold_start(context, plan, report.kept, tuned)
+    return finish_cold_start(context, report.kept, tuned, repeats=settings.eval_repeats,
+                             learning_rate=tuned.learning_rate or 0.0)
 
 
 def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
@@ -159,7 +160,10 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     elif nothing:
         context.say(f"cold start (self): nothing passed in the budget for "
                     f"{', '.join(nothing)}; RL trains on the rest")
-    cold = finish_cold_start(context, plan, len(demos), tuned)
+    rate = tuned.learning_rate or cold_start_learning_rate(
+        settings, parameter_count(context.policy.model))  # no round trained: the rate it had
+    cold = finish_cold_start(context, len(demos), tuned, repeats=settings.eval_repeats,
+                             learning_rate=rate)
     cold.mining = mining.to_dict()
     return cold
 
@@ -212,22 +216,20 @@ def fine_tune(context: RecipeContext[Any], plan: GRPOPlan, demos: list[Demo],
                       check if check.active else None)
 
 
-def finish_cold_start(context: RecipeContext[Any], plan: GRPOPlan, demos: int,
-                      tuned: FineTuning) -> ColdStart:
-    """The cold-started policy saved (``merged/``) and evaluated on the holdout: RL's
-    baseline, and the guards read on it."""
-    settings = plan.settings
+def finish_cold_start(context: RecipeContext[Any], demos: int, tuned: FineTuning, *,
+                      repeats: int, learning_rate: float) -> ColdStart:
+    """The cold-started policy saved (``merged/``) and evaluated on the holdout
+    ``repeats`` times: RL's baseline, and the guards read on it. (Handed what it needs of
+    the settings, not the settings: the route from the run to its step stays short.)"""
     trained = context.policy
     if context.ranks.is_main:
         save_policy(trained, context.folder.file("merged"))
-    evaluation = evaluate_policy(context, trained, repeats=settings.eval_repeats,
+    evaluation = evaluate_policy(context, trained, repeats=repeats,
                                  label="cold start: evaluating holdout")
     context.before_rows = evaluation.rows
     context.folder.write_rows("holdout_cold_start.jsonl", evaluation.rows)
     context.say(f"cold start  {evaluation.describe()}")
     say_guards(context, evaluation.rows)  # RL's verdict guards against these rows
-    learning_rate = tuned.learning_rate if tuned.learning_rate is not None else \
-        cold_start_learning_rate(settings, parameter_count(trained.model))
     return ColdStart(evaluation, demos=demos, steps=tuned.steps, learning_rate=learning_rate,
                      loss=tuned.losses[-1] if tuned.losses else None,
                      check=tuned.check.to_dict() if tuned.check is not None else None)
