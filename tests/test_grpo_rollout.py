@@ -23,20 +23,21 @@ from tests.grpo_rollouts import logprob_gaps, rollout_batch, short_smollm2, trai
 LOGPROB_TOLERANCE = 1e-3
 
 
-def test_auto_keeps_trl_on_the_starters_and_where_posttrain_cannot_run():
-    assert choose_rollout("auto", use_vllm=False, multi_turn=False, large_model=False).name == "trl"
+def test_auto_keeps_trl_on_the_test_starters_and_where_posttrain_cannot_run():
+    small = choose_rollout("auto", use_vllm=False, multi_turn=False, trl_recorded=True)
+    assert small.name == "trl" and "starter-2m" in small.reason
     assert choose_rollout("auto", use_vllm=False, multi_turn=False,
-                          large_model=True).name == "posttrain"
-    vllm = choose_rollout("auto", use_vllm=True, multi_turn=False, large_model=True)
+                          trl_recorded=False).name == "posttrain"
+    vllm = choose_rollout("auto", use_vllm=True, multi_turn=False, trl_recorded=False)
     assert vllm.name == "trl" and "vLLM" in vllm.reason
-    turns = choose_rollout("auto", use_vllm=False, multi_turn=True, large_model=True)
+    turns = choose_rollout("auto", use_vllm=False, multi_turn=True, trl_recorded=False)
     assert turns.name == "trl" and "tool loop" in turns.reason
     assert choose_rollout("posttrain", use_vllm=False, multi_turn=False,
-                          large_model=False).name == "posttrain"
+                          trl_recorded=True).name == "posttrain"
     with pytest.raises(PosttrainError, match="tool loop is TRL's"):
-        choose_rollout("posttrain", use_vllm=False, multi_turn=True, large_model=True)
+        choose_rollout("posttrain", use_vllm=False, multi_turn=True, trl_recorded=False)
     with pytest.raises(PosttrainError, match="expected one of"):
-        choose_rollout("vllm", use_vllm=False, multi_turn=False, large_model=True)
+        choose_rollout("vllm", use_vllm=False, multi_turn=False, trl_recorded=False)
 
 
 def test_rollout_seeds_are_fixed_by_the_run_seed_and_differ_between_rows_and_calls():

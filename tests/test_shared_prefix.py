@@ -84,15 +84,15 @@ def test_every_row_keeps_a_prompt_token_and_short_prefixes_are_not_split():
     assert common_prefix(ids, mask, width) is None
 
 
-def test_auto_is_on_for_real_models_and_off_for_the_starters():
-    assert choose_shared_prefix("auto", large_model=True).on
-    starter = choose_shared_prefix("auto", large_model=False)
-    assert not starter.on and "starters" in starter.reason
-    assert choose_shared_prefix("on", large_model=False).on
-    assert not choose_shared_prefix("off", large_model=True).on
-    assert not choose_shared_prefix("on", large_model=True, world_size=2).on
+def test_auto_is_on_except_for_the_test_starters():
+    assert choose_shared_prefix("auto", trl_recorded=False).on
+    starter = choose_shared_prefix("auto", trl_recorded=True)
+    assert not starter.on and "starter-2m" in starter.reason
+    assert choose_shared_prefix("on", trl_recorded=True).on
+    assert not choose_shared_prefix("off", trl_recorded=False).on
+    assert not choose_shared_prefix("on", trl_recorded=False, world_size=2).on
     with pytest.raises(PosttrainError, match="expected one of auto, on, off"):
-        choose_shared_prefix("always", large_model=True)
+        choose_shared_prefix("always", trl_recorded=False)
 
 
 def logps_loss_and_grads(trainer, output):

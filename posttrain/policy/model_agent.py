@@ -24,6 +24,10 @@ EVAL_TOP_P = 0.95
 STARTER_MAX_NEW_TOKENS = 64
 MODEL_MAX_NEW_TOKENS = 128
 LARGE_MODEL_PARAMETERS = 50_000_000  # above this, smaller micro-batches
+#: under this, the test starters (starter-2m, 1.6M parameters, and the starters built on
+#: its size from a rule's hooks): the suite's recorded GRPO numbers come from TRL's own
+#: rollouts and forward, so ``auto`` keeps those for them
+TRL_RECORDED_PARAMETERS = 5_000_000
 
 
 def default_max_new_tokens(policy: Policy) -> int:
@@ -36,6 +40,12 @@ def is_large_model(policy: Policy) -> bool:
     which sampling takes smaller micro-batches, and the recipes' real-weights defaults
     apply: posttrain.train.precision, posttrain.train.grpo.rollout)."""
     return parameter_count(policy.model) >= LARGE_MODEL_PARAMETERS
+
+
+def keeps_trl_numbers(policy: Policy) -> bool:
+    """Under 5M parameters: a test starter, whose recorded numbers come from TRL's own
+    rollouts and forward (``posttrain.train.grpo.rollout``, ``.shared_prefix``)."""
+    return parameter_count(policy.model) < TRL_RECORDED_PARAMETERS
 
 
 def default_batch_size(policy: Policy) -> int:

@@ -67,6 +67,7 @@ from posttrain.policy.models import FROZEN_MODULES_KEY
 from posttrain.policy.starters.copy_circuit import CopyCircuit, wire_copy_circuit
 from posttrain.policy.starters.gate import StarterProbe, probe_policy
 from posttrain.policy.starters.hook_data import HookStarterData
+from posttrain.policy.starters.prefix_loss import shared_head_loss
 from posttrain.policy.starters.recipes import (
     STARTER_CODE_VERSION,
     Architecture,
@@ -294,16 +295,20 @@ def _collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[Any, Any,
 
 def warm_start_step(model: Any, optimizer: Any, tensors: tuple[Any, Any, Any],
                     learning_rate: float, max_grad_norm: float,
-                    circuit: CopyCircuit | None) -> float:
+                    circuit: CopyCircuit | None, *, shared_head: bool = False) -> float:
     """One optimizer step of a warm start on ``(input_ids, labels, attention_mask)``: the
     loss, its gradient clipped to ``max_grad_norm``, AdamW at ``learning_rate``, then the
-    copy circuit's slices enforced. Returns the loss. (The episode starters use it too.)"""
+    copy circuit's slices enforced. Returns the loss. ``shared_head``: the rows' shared
+    head run once (``starters.prefix_loss``). (The episode starters use it too.)"""
     import torch
 
     input_ids, labels, attention = tensors
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
-    loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    if shared_head:
+        loss = shared_head_loss(model, input_ids, labels, attention)
+    else:
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -366,7 +371,7 @@ def supervised_warm_start(
             batch = [(right if skill else mixed)[i] for i in picked]
         losses.append(warm_start_step(model, optimizer, _collate(batch, tokenizer.pad_token_id),
                                       learning_rate_at(step, recipe), recipe.max_grad_norm,
-                                      circuit))
+                                      circuit, shared_head=recipe.shared_head))
         if on_step is not None:
             on_step(step + 1, losses[-1])
     for hook in hooks:

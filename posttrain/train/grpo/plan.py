@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from posttrain.envs.base import is_multi_turn
-from posttrain.policy.model_agent import is_large_model
+from posttrain.policy.model_agent import keeps_trl_numbers
 from posttrain.train.context import RecipeContext
 from posttrain.train.grpo.cold_start_choice import (
     LOW_PASS_MARK,
@@ -156,7 +156,7 @@ def plan_grpo(context: RecipeContext[GRPOSettings], before: PolicyEvaluation) ->
         train_note = (f"RL's train prompts balanced to {shape.applied['balance']:g} a "
                       f"category: {len(context.data.train)} -> {len(train)} ("
                       + ", ".join(f"{name} {counts[name]}" for name in sorted(counts)) + ")")
-    large = is_large_model(context.policy)
+    trl_recorded = keeps_trl_numbers(context.policy)
     return GRPOPlan(
         settings=replace(settings),  # the plan's own copy, whatever happens to the context's
         train=tuple(train),
@@ -165,9 +165,9 @@ def plan_grpo(context: RecipeContext[GRPOSettings], before: PolicyEvaluation) ->
         shape=shape,
         precision=precision_for(settings.precision, context.policy, say=context.say),
         rollout=choose_rollout(settings.rollout, use_vllm=settings.use_vllm,
-                               multi_turn=is_multi_turn(context.env), large_model=large,
+                               multi_turn=is_multi_turn(context.env), trl_recorded=trl_recorded,
                                redraws=settings.resample_dead_groups > 0),
-        shared_prefix=choose_shared_prefix(settings.shared_prefix, large_model=large,
+        shared_prefix=choose_shared_prefix(settings.shared_prefix, trl_recorded=trl_recorded,
                                            world_size=context.ranks.world),
         guards=(PlanLine("guards", "chosen after the cold start",
                          "the verdict's guards are read on RL's baseline, the cold-started "

@@ -51,12 +51,13 @@ class RolloutChoice:
 
 
 def choose_rollout(asked: str, *, use_vllm: bool, multi_turn: bool,
-                   large_model: bool, redraws: bool = False) -> RolloutChoice:
+                   trl_recorded: bool, redraws: bool = False) -> RolloutChoice:
     """The rollout sampler for ``--rollout asked``; ``PosttrainError`` when ``posttrain``
-    is asked where it cannot run. ``auto`` takes posttrain's for a model of real size
-    (``large_model``: 50M parameters or more) or when dead groups are redrawn
-    (``redraws``: only its rollout can), and keeps TRL's for small ones, the embedded
-    starters, whose recipes' recorded numbers come from it."""
+    is asked where it cannot run. ``auto`` takes posttrain's (the faster: 25% off the
+    9.1M starter's main job with the shared prefix, benchmarks/RESULTS.md) or, when dead
+    groups are redrawn (``redraws``), must; it keeps TRL's for a test starter
+    (``trl_recorded``: under 5M parameters, ``model_agent.keeps_trl_numbers``), whose
+    recorded numbers come from it."""
     if asked not in ROLLOUTS:
         raise PosttrainError(f"--rollout {asked!r}: expected one of {', '.join(ROLLOUTS)}")
     blocker = ("--use-vllm samples with vLLM" if use_vllm else
@@ -73,10 +74,11 @@ def choose_rollout(asked: str, *, use_vllm: bool, multi_turn: bool,
     if redraws:
         return RolloutChoice("posttrain", "auto: --resample-dead-groups redraws groups in "
                              "posttrain's rollout")
-    if not large_model:
-        return RolloutChoice("trl", "auto: a model under 50M parameters, like the embedded "
-                             "starters, whose recorded numbers come from TRL's sampling")
-    return RolloutChoice("posttrain", "auto: a model of 50M parameters or more (the "
+    if trl_recorded:
+        return RolloutChoice("trl", "auto: a model under 5M parameters, like the test "
+                             "starter starter-2m, whose recorded numbers come from TRL's "
+                             "sampling")
+    return RolloutChoice("posttrain", "auto: a model of 5M parameters or more (the "
                          "prompts' shared system prompt runs once per batch)")
 
 

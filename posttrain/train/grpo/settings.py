@@ -192,9 +192,9 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "what samples the training rollouts: trl (TRL's generate), "
                           "posttrain (posttrain's batched sampler: the shared system prompt "
                           "run once, a leaner decode loop; not with --use-vllm or a "
-                          "multi-turn environment) or auto (posttrain for a model of 50M "
-                          "parameters or more, trl for the small embedded starters; the run "
-                          "says which and why)",
+                          "multi-turn environment) or auto (posttrain, the faster, except "
+                          "trl for a model under 5M parameters, the test starters, whose "
+                          "recorded numbers come from it; the run says which and why)",
                   "choices": ROLLOUTS},
     )
     shared_prefix: str = field(
@@ -202,9 +202,9 @@ class GRPOSettings(RecipeSettings):
         metadata={"help": "how the update scores a pass of completions: on (the prompt "
                           "tokens every row starts with, such as a system prompt, run once "
                           "and shared; the same logprobs to rounding), off (TRL's forward: "
-                          "every row's whole prompt) or auto (on for a model of 50M "
-                          "parameters or more, off for the small embedded starters; the run "
-                          "says which)",
+                          "every row's whole prompt) or auto (on, except off for a model "
+                          "under 5M parameters, the test starters, whose recorded numbers "
+                          "come from TRL's forward; the run says which)",
                   "choices": SHARED_PREFIX_CHOICES},
     )
     cold_start: str = field(

@@ -53,11 +53,12 @@ class SharedPrefixChoice:
                 else "every row's whole prompt run") + f" ({self.reason})"
 
 
-def choose_shared_prefix(asked: str, *, large_model: bool,
+def choose_shared_prefix(asked: str, *, trl_recorded: bool,
                          world_size: int = 1) -> SharedPrefixChoice:
-    """The choice for ``--shared-prefix asked``: ``auto`` is on for a model of 50M
-    parameters or more and off for the embedded starters, whose recorded numbers come from
-    TRL's own forward (the results agree to rounding, not bit for bit). Off under torchrun
+    """The choice for ``--shared-prefix asked``: ``auto`` is on, except for a test starter
+    (``trl_recorded``: under 5M parameters, ``model_agent.keeps_trl_numbers``), whose
+    recorded numbers come from TRL's own forward (the results agree to rounding, not bit
+    for bit). Off under torchrun
     either way: DistributedDataParallel expects one forward of the wrapped model per
     backward, and the shared prefix takes two."""
     if asked not in SHARED_PREFIX_CHOICES:
@@ -70,11 +71,11 @@ def choose_shared_prefix(asked: str, *, large_model: bool,
         return SharedPrefixChoice(True, "asked for (--shared-prefix on)")
     if asked == "off":
         return SharedPrefixChoice(False, "asked for (--shared-prefix off)")
-    if not large_model:
-        return SharedPrefixChoice(False, "auto: a model under 50M parameters, like the "
-                                  "embedded starters, whose recorded numbers come from "
+    if trl_recorded:
+        return SharedPrefixChoice(False, "auto: a model under 5M parameters, like the test "
+                                  "starter starter-2m, whose recorded numbers come from "
                                   "TRL's forward")
-    return SharedPrefixChoice(True, "auto: a model of 50M parameters or more")
+    return SharedPrefixChoice(True, "auto: a model of 5M parameters or more")
 
 
 @dataclass(frozen=True)
