@@ -157,6 +157,9 @@ RECIPES: dict[str, StarterRecipe] = {
         skill_steps=100,
         mix_steps=60,
         learning_rate=1e-3,
+        # 12 a step (16 before 2026-12-07): a fifth off the build, the probe as good
+        # (docs/policies.md); with the shared head about 100 s a build on 2 cores
+        batch_size=12,
         circuit_digit_norm=1.5,
         shared_head=True,
     ),
