@@ -7,7 +7,6 @@ from dataclasses import replace
 import torch
 
 from posttrain.envs.refund.starter_data import STARTER_DATA, starter_dialogues
-from posttrain.policy.starters.build import build_starter
 from posttrain.policy.starters.prefix_loss import (
     MIN_SHARED_HEAD,
     shared_head_length,
@@ -19,8 +18,8 @@ from posttrain.policy.starters.scratch import (
     _collate,
     _encode_rows,
     new_model,
+    supervised_warm_start,
     train_tokenizer,
-    weights_sha256,
 )
 
 SMALL = Architecture(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
@@ -109,16 +108,23 @@ def test_rows_that_share_too_little_take_the_plain_forward():
     assert torch.equal(shared_head_loss(model, input_ids, labels, attention), plain)
 
 
-def test_a_shared_head_build_is_deterministic_and_keyed_apart(monkeypatch, tmp_path):
+def test_a_shared_head_warm_start_is_deterministic_and_keyed_apart():
     tiny = replace(RECIPES["starter-2m"], name="starter-tiny", architecture=SMALL,
-                   corpus_situations=300, skill_steps=2, mix_steps=2, warmup_steps=2,
-                   build_attempts=1)
-    shared = replace(tiny, shared_head=True)
+                   corpus_situations=200, skill_steps=2, mix_steps=2, warmup_steps=2,
+                   build_attempts=1, shared_head=True)
+    plain = replace(tiny, shared_head=False)
     # off is the default and stays out of the key: starter-2m keeps its cached weights
-    assert tiny.key() == replace(tiny, shared_head=False).key() != shared.key()
+    assert plain.key() == replace(plain, shared_head=False).key() != tiny.key()
     assert RECIPES["starter"].shared_head and not RECIPES["starter-2m"].shared_head
-    folders = []
-    for attempt in ("first", "second"):
-        monkeypatch.setenv("POSTTRAIN_MODELS", str(tmp_path / attempt))
-        folders.append(build_starter(recipe=shared, show_progress=False))
-    assert weights_sha256(folders[0]) == weights_sha256(folders[1])
+    dialogues = starter_dialogues(tiny.mix, tiny.corpus_situations, tiny.data_seed)
+    tokenizer = train_tokenizer([STARTER_DATA.render(row) for row in dialogues], 512,
+                                STARTER_DATA.isolated_words(dialogues))
+    weights = []
+    for _ in range(2):
+        model, circuit = new_model(tokenizer, SMALL, 0, True, match=tiny.circuit_match,
+                                   copy=tiny.circuit_copy, digit_norm=tiny.circuit_digit_norm,
+                                   copy_ids=STARTER_DATA.copy_token_ids(tokenizer, dialogues))
+        supervised_warm_start(model, tokenizer, dialogues, tiny, seed=0, circuit=circuit)
+        weights.append({name: tensor.clone() for name, tensor in model.state_dict().items()})
+    first, second = weights
+    assert all(torch.equal(first[name], second[name]) for name in first)
