@@ -145,12 +145,22 @@ def main() -> int:
     parser.add_argument("--starter", default=None,
                         help="the starter to build from each seed (default: the "
                         "environment's, e.g. starter for refund; starter-2m is the 1.6M one)")
+    parser.add_argument("--numerics", choices=("auto", "pinned", "native"), default="auto",
+                        help="the kernels, as every command's --numerics: auto pins them for "
+                        "the embedded starters (the README's numbers); native was what the "
+                        "study ran on before 2026-12-07")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
+    # as a command does, before torch loads: the runs then compute what the README's do
+    from posttrain.cpu_numerics import choose_numerics, set_up_cpu
+
+    mode, reason = choose_numerics(args.numerics, embedded_model=True)
+    print(f"numerics: {set_up_cpu(mode, reason).to_dict()}", file=sys.stderr, flush=True)
     rows = []
     command = (f"python benchmarks/seed_study.py --recipe {args.recipe} --builds {args.builds} "
                f"--seeds {args.seeds}" + (f" --env {args.env}" if args.env != "refund" else "")
-               + (f" --starter {args.starter}" if args.starter else ""))
+               + (f" --starter {args.starter}" if args.starter else "")
+               + (f" --numerics {args.numerics}" if args.numerics != "auto" else ""))
     with tempfile.TemporaryDirectory(prefix="posttrain-seed-study-") as runs_dir:
         for build in seeds_from(args.builds):
             for seed in seeds_from(args.seeds):
