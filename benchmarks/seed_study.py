@@ -35,6 +35,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from results_md import cpu_description, write_section
 from starter_builds import seeds_from
 
+from posttrain.cpu_numerics import choose_numerics, set_up_cpu
+
 
 def run_one(recipe: str, build: int, seed: int, runs_dir: str, env: str = "refund",
             starter: str | None = None) -> dict[str, Any]:
@@ -152,8 +154,6 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     # as a command does, before torch loads: the runs then compute what the README's do
-    from posttrain.cpu_numerics import choose_numerics, set_up_cpu
-
     mode, reason = choose_numerics(args.numerics, embedded_model=True)
     print(f"numerics: {set_up_cpu(mode, reason).to_dict()}", file=sys.stderr, flush=True)
     rows = []

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.policy.prefix_cache import repeated_prefix_cache
+
 # below this many shared tokens the extra pass and the cache copy save too little
 MIN_SHARED_HEAD = 8
 
@@ -42,13 +44,8 @@ def shared_head_outputs(model: Any, input_ids: Any, attention: Any, length: int,
     """The model's outputs on columns ``[length:]`` of every row, with the first
     ``length`` columns (the same in every row) run once and their cache repeated to every
     row; with ``labels`` (the whole batch's), the loss over the labelled columns."""
-    from transformers import DynamicCache
-
     rows = input_ids.size(0)
-    cache = DynamicCache(config=model.config)
-    # the head's own logits are never needed: keep one position's (the least allowed)
-    model(input_ids=input_ids[:1, :length], cache=cache, use_cache=True, logits_to_keep=1)
-    cache.batch_repeat_interleave(rows)
+    cache = repeated_prefix_cache(model, input_ids[:1, :length], rows)
     rest_ids = input_ids[:, length:]
     # right padding: every row's real tokens continue the head's positions without a gap
     positions = length + rest_ids.new_tensor(range(rest_ids.size(1)))[None, :].expand(rows, -1)

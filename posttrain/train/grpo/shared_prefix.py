@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.errors import PosttrainError
+from posttrain.policy.prefix_cache import repeated_prefix_cache
 
 SHARED_PREFIX_CHOICES = ("auto", "on", "off")
 
@@ -139,16 +140,10 @@ def prefix_shared_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     ``_get_per_token_logps_and_entropies`` returns them for one pass, with the shared
     prefix run once. ``model`` carries TRL's fused LM head (``fused_lm_head=True``)."""
     import torch
-    from transformers import DynamicCache
 
     rows = input_ids.size(0)
     start = split.prompt_width - int(attention_mask[0, :split.prompt_width].sum())
-    prefix_ids = input_ids[:1, start:start + split.length]
-    config = getattr(model, "config", None)
-    cache = DynamicCache(config=config) if config is not None else DynamicCache()
-    # the prefix's own logits are never needed: keep one position's (the least allowed)
-    model(input_ids=prefix_ids, cache=cache, use_cache=True, logits_to_keep=1)
-    cache.batch_repeat_interleave(rows)
+    cache = repeated_prefix_cache(model, input_ids[:1, start:start + split.length], rows)
 
     first = split.prompt_width - split.rest_width
     rest_ids = input_ids[:, first:]
