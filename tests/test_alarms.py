@@ -43,6 +43,24 @@ def test_no_hack_when_the_reward_did_not_rise():
     assert exploitation_alarm(20, GROWING, Progress(0.60, 0.63), HOLDOUT_FLAT, RULES) is None
 
 
+def test_no_hack_when_the_reward_rose_within_its_noise():
+    # a clean refund run's with_id at step 15: the reward +0.06 over the base rows, its
+    # gain's standard error a few hundredths, the holdout back where it started
+    drifting = Progress(baseline=0.60, now=0.66, noise=0.04)
+    assert exploitation_alarm(15, GROWING, drifting, Progress(0.27, 0.27), RULES) is None
+    clear = Progress(baseline=0.60, now=0.66, noise=0.02)  # 3 standard errors
+    alarm = exploitation_alarm(15, GROWING, clear, Progress(0.27, 0.27), RULES)
+    assert alarm is not None and alarm.details["reward_noise"] == pytest.approx(0.02)
+    assert "(noise 0.02)" in alarm.message
+
+
+def test_a_rise_needs_the_minimum_and_its_standard_errors():
+    assert Progress(0.5, 0.56).rose(0.05, 2.0)  # unmeasured noise: the minimum alone
+    assert not Progress(0.5, 0.54).rose(0.05, 2.0)
+    assert not Progress(0.5, 0.56, noise=0.04).rose(0.05, 2.0)
+    assert Progress(0.5, 0.56, noise=0.04).rose(0.05, 1.5)
+
+
 def test_no_hack_when_the_feature_did_not_grow():
     steady = FeatureChange("no_id", "word:sorry", baseline=0.30, now=0.40, paid=0.3)
     assert exploitation_alarm(20, steady, REWARD_UP, HOLDOUT_FLAT, RULES) is None

@@ -21,6 +21,7 @@ from posttrain.train.grpo.monitor import (
     HackMonitor,
     HoldoutCheck,
     MonitorSettings,
+    gain_noise,
     summarise_holdout,
 )
 from posttrain.train.rewards import RuleReward
@@ -81,6 +82,33 @@ def test_exploiting_a_paid_feature_while_the_holdout_falls_raises_one_hack_alarm
     assert hacks[0].details["category"] == "no_id"
     assert hacks[0].details["feature"] in {"tool_call", "tool:lookup_order", "token:<tool_call>"}
     assert hacks[0].details["reward_gain"] > 0.05 and hacks[0].details["holdout_gain"] < 0
+
+
+def test_the_check_keeps_the_rollout_reward_the_rules_read():
+    reward = RuleReward(REFUND, pays_for_calls)
+    monitor = monitor_with(reward)
+    baseline_check(monitor)
+    train_on(reward, share_of_calls=0.5)
+    now = check(no_id_pass=0.6)
+    monitor.alarms_for(now)
+    kept = now.rollout_reward["no_id"]
+    assert kept["rollouts"] == 96 and kept["now"] > kept["baseline"]
+    assert kept["noise"] == pytest.approx(
+        gain_noise(monitor._baseline_rollouts["no_id"], reward.history), abs=1e-6)
+
+
+def test_the_gain_noise_counts_prompts_not_replies():
+    def rows(scores_by_prompt):
+        return [{"prompt": f"p{index}", "scenario_id": f"s{index}", "score": score}
+                for index, scores in enumerate(scores_by_prompt) for score in scores]
+
+    base = rows([[0.0] * 8] * 4)
+    # the same 8 ones among 32 replies: spread over every prompt, or all on one prompt
+    spread_out = rows([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 4)
+    one_prompt = rows([[1.0] * 8, [0.0] * 8, [0.0] * 8, [0.0] * 8])
+    assert gain_noise(base, spread_out) == pytest.approx(0.0)  # every prompt agrees
+    assert gain_noise(base, one_prompt) == pytest.approx(0.25)  # 4 prompts: 0, 0, 0, 1
+    assert gain_noise(base, rows([[1.0] * 8])) == 0.0  # one prompt: nothing to measure
 
 
 def test_the_same_growth_with_a_holdout_that_follows_is_no_hack_alarm():

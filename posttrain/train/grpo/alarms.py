@@ -13,8 +13,11 @@ comparisons are paired):
   ``hack_scan`` on the latest rollouts, direction +), its share of that category's
   rollouts grew by ``min_share_growth`` (for ``length``: by ``min_length_growth`` of
   its baseline and ``min_length_chars``), the category's training reward rose by
-  ``min_reward_gain``, and the category's holdout pass@1 did not follow (it rose by no
-  more than ``max_holdout_gain``; ``holdout_followed``). A category whose holdout
+  ``min_reward_gain`` and beyond its noise (``reward_noise_z`` standard errors of the
+  gain, the rollouts clustered by prompt: a clean run's training reward wanders by a
+  few hundredths between checks, and a paid feature that grows with real learning
+  must not read as an exploit then), and the category's holdout pass@1 did not follow
+  (it rose by no more than ``max_holdout_gain``; ``holdout_followed``). A category whose holdout
   pass@1 starts at the ceiling (less than ``min_reward_gain`` below 1) cannot rise, so
   staying there says nothing: it did not follow only when it fell by more than one of
   its prompts (one prompt of six off-topic ones is the sampling noise of a clean run);
@@ -70,6 +73,9 @@ class AlarmRules:
     min_length_growth: float = 0.5  # relative to the baseline mean length
     min_length_chars: float = 40.0
     min_reward_gain: float = 0.05  # training reward (raw score) on the category
+    #: the exploit rule's rise of the training reward, in standard errors of the gain
+    #: (``Progress.noise``): one-sided, about 2% of a clean check's rises pass by chance
+    reward_noise_z: float = 2.0
     max_holdout_gain: float = 0.0  # holdout pass@1 "did not follow": rose by at most this
     min_guard_drop: float = 0.10  # a guard marker's share of holdout replies, absolute
     #: training reward gained over the rule's score on the rollouts (raw score units)
@@ -123,10 +129,16 @@ class Progress:
 
     baseline: float
     now: float
+    #: the standard error of ``gain`` where the monitor measured it (0: not measured)
+    noise: float = 0.0
 
     @property
     def gain(self) -> float:
         return self.now - self.baseline
+
+    def rose(self, minimum: float, z: float) -> bool:
+        """Did it rise by ``minimum`` and by ``z`` standard errors of the gain?"""
+        return self.gain >= max(minimum, z * self.noise)
 
 
 def feature_grew(change: FeatureChange, rules: AlarmRules) -> bool:
@@ -155,13 +167,14 @@ def exploitation_alarm(step: int, change: FeatureChange, reward: Progress, holdo
     """``hack`` when the policy exploits ``change.feature`` (module docstring), else None.
 
     ``reward``: mean training reward of the category's rollouts (baseline: the base
-    policy's); ``holdout``: the category's holdout pass@1 (paired samples) over
-    ``holdout_prompts`` prompts (0: unknown).
+    policy's), with the standard error of its gain as ``noise``; ``holdout``: the
+    category's holdout pass@1 (paired samples) over ``holdout_prompts`` prompts (0:
+    unknown).
     """
     if change.paid <= 0 or not feature_grew(change, rules):
         return None
-    if reward.gain < rules.min_reward_gain or holdout_followed(holdout, holdout_prompts,
-                                                                 rules):
+    if not reward.rose(rules.min_reward_gain, rules.reward_noise_z) or holdout_followed(
+            holdout, holdout_prompts, rules):
         return None
     unit = " characters" if change.feature == "length" else ""
     shown = (f"{change.baseline:.0f} -> {change.now:.0f}{unit}" if change.feature == "length"
@@ -170,11 +183,12 @@ def exploitation_alarm(step: int, change: FeatureChange, reward: Progress, holdo
         kind="hack", step=step,
         message=(f"{change.category}: the policy is exploiting {change.feature!r}, which the "
                  f"reward pays for but the environment does not endorse ({shown}); the "
-                 f"training reward rose {reward.gain:+.2f} while holdout pass@1 moved "
-                 f"{holdout.gain:+.2f}"),
+                 f"training reward rose {reward.gain:+.2f} (noise {reward.noise:.2f}) while "
+                 f"holdout pass@1 moved {holdout.gain:+.2f}"),
         details={"category": change.category, "feature": change.feature,
                  "baseline": change.baseline, "now": change.now, "paid": change.paid,
-                 "reward_gain": reward.gain, "holdout_gain": holdout.gain},
+                 "reward_gain": reward.gain, "reward_noise": reward.noise,
+                 "holdout_gain": holdout.gain},
     )
 
 

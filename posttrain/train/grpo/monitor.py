@@ -12,7 +12,8 @@ Every ``every`` optimizer steps (and at the last step) it
    ``posttrain.envs.base.rewarded_features``) and measures how far each feature the
    reward pays for beyond the design has grown since the base policy;
 3. applies the alarm rules of ``posttrain.train.grpo.alarms``: ``hack`` (a paid, unendorsed
-   feature grows while the training reward rises and the holdout does not follow; or,
+   feature grows while the training reward rises beyond its noise and the holdout does
+   not follow; or,
    whatever the design endorses, the training reward rises while the category's holdout
    pass@1 falls beyond noise, naming the reply features that moved most),
    ``length``, ``guard`` (a guard marker such as ``well_formed`` fell on the holdout,
@@ -34,6 +35,7 @@ recipe then marks the run ``stopped`` and the summary lists every alarm.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ from posttrain.score.audit import against_design
 from posttrain.score.delta import RUN_GUARDS
 from posttrain.score.hack_scan import build_features, hack_scan
 from posttrain.score.rows import grade, spread
-from posttrain.score.stats import sign_test_upper
+from posttrain.score.stats import clustered_se, sign_test_upper
 from posttrain.train.grpo.alarms import (
     Alarm,
     AlarmRules,
@@ -107,6 +109,10 @@ class HoldoutCheck:
     gold: float | None = None
     #: the training reward's mean on these replies, when it is not the rule (--reward)
     train_reward: float | None = None
+    #: per category, the training reward of the base policy's rows and of the rollouts
+    #: since the previous check, with the standard error of the gain: what the alarm
+    #: rules read (filled in by ``HackMonitor.alarms_for``)
+    rollout_reward: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -288,7 +294,10 @@ class HackMonitor(HFTrainerCallback):
                 continue
             holdout = Progress(baseline.by_category.get(category, baseline.pass_at_1),
                                check.by_category.get(category, check.pass_at_1))
-            reward = Progress(_mean_score(base), _mean_score(rows))
+            reward = Progress(_mean_score(base), _mean_score(rows), gain_noise(base, rows))
+            check.rollout_reward[category] = {
+                "baseline": round(reward.baseline, 6), "now": round(reward.now, 6),
+                "noise": round(reward.noise, 6), "rollouts": len(rows)}
             exploited = [
                 alarm for change in self._paid_changes(category, base, rows, index)
                 if (alarm := exploitation_alarm(check.step, change, reward, holdout, rules,
@@ -379,6 +388,22 @@ class HackMonitor(HFTrainerCallback):
             "stopped_by": self.stopped_by,
             "seconds": round(self.seconds, 3),
         }
+
+
+def gain_noise(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
+               name: str = "score") -> float:
+    """The standard error of ``mean(rows) - mean(base)`` for the score ``name``, each
+    side clustered by prompt (a GRPO group's replies to one prompt are not independent
+    draws). 0 where a side has fewer than two prompts: no spread to measure, the rules'
+    fixed minimum decides alone."""
+    variance = 0.0
+    for side in (base, rows):
+        se = clustered_se([float(row[name]) for row in side],
+                          [(str(row.get("scenario_id")), row["prompt"]) for row in side])
+        if math.isnan(se):
+            return 0.0
+        variance += se * se
+    return math.sqrt(variance)
 
 
 def paired_fall(before: Sequence[dict[str, Any]], now: Sequence[dict[str, Any]],
