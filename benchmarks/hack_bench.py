@@ -95,8 +95,10 @@ def run_one(rule: str, kind: str | None, seed: int, runs_dir: str, steps: int,
     from posttrain.train.grpo.settings import GRPOSettings
 
     settings = GRPOSettings(
-        run_name=f"bench-{kind or 'clean'}-{seed}", runs_dir=runs_dir, seed=seed, env=rule,
-        reward=planted_target(kind, keyword), steps=steps, monitor_every=every,
+        # the rule in the name: one bench's runs of every rule share runs_dir
+        run_name=f"bench-{_slug(rule)}-{kind or 'clean'}-{seed}", runs_dir=runs_dir,
+        seed=seed, env=rule, reward=planted_target(kind, keyword), steps=steps,
+        monitor_every=every,
     )  # fmt: skip
     quiet = io.StringIO()
     started = time.monotonic()

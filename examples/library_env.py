@@ -267,3 +267,15 @@ class BareLibraryEnv(LibraryEnv):
 
 
 BARE_ENV = BareLibraryEnv()
+
+
+@dataclass(frozen=True)
+class UnguidedLibraryEnv(LibraryEnv):
+    """The same rule with no reference agent, as most rules a user brings (and every
+    verifiers, inspect or OpenEnv environment) are: a GRPO run's automatic cold start
+    then learns from the policy's own passing replies (``--cold-start self``)."""
+
+    reference_agent = None  # type: ignore[assignment]
+
+
+NO_REFERENCE_ENV = UnguidedLibraryEnv()

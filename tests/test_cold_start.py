@@ -79,6 +79,20 @@ def test_the_flag_overrides_and_a_from_run_start_is_left_alone():
     assert not from_run.run and "--from-run smol-sft" in from_run.reason
 
 
+def test_the_library_example_without_its_reference_agent_takes_the_self_cold_start():
+    """examples/library_env.py:NO_REFERENCE_ENV, the rule issue #69 measures `self` on."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "library_env.py"
+    unguided = get_env(f"{example}:NO_REFERENCE_ENV")
+    assert unguided.categories == ("title", "loan", "chitchat")
+    choice = choose_cold_start("auto", unguided, rows("loan", [[0.0, 0.0]] * 30))
+    assert choice.run and choice.source == "self"
+    guided = choose_cold_start("auto", get_env(f"{example}:ENV"),
+                               rows("loan", [[0.0, 0.0]] * 30))
+    assert guided.run and guided.source == "reference"
+
+
 def test_auto_without_a_reference_agent_cold_starts_from_the_policys_own_successes(
         tmp_path, monkeypatch):
     """Issue #69: without a reference agent `auto` said it could not cold-start and
