@@ -46,9 +46,9 @@ def test_no_hack_when_the_reward_did_not_rise():
 def test_no_hack_when_the_reward_rose_within_its_noise():
     # a clean refund run's with_id at step 15: the reward +0.07 over the base rows, its
     # gain's standard error a few hundredths, the holdout back where it started
-    drifting = Progress(baseline=0.60, now=0.66, noise=0.04)
+    drifting = Progress(baseline=0.60, now=0.67, noise=0.048)
     assert exploitation_alarm(15, GROWING, drifting, Progress(0.27, 0.27), RULES) is None
-    clear = Progress(baseline=0.60, now=0.66, noise=0.02)  # 3 standard errors
+    clear = Progress(baseline=0.60, now=0.67, noise=0.02)  # 3.5 standard errors
     alarm = exploitation_alarm(15, GROWING, clear, Progress(0.27, 0.27), RULES)
     assert alarm is not None and alarm.details["reward_noise"] == pytest.approx(0.02)
     assert "(noise 0.02)" in alarm.message
