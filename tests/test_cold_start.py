@@ -5,6 +5,7 @@ phase (posttrain.train.grpo.cold_start, posttrain.train.grpo.cold_start_choice).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -81,8 +82,6 @@ def test_the_flag_overrides_and_a_from_run_start_is_left_alone():
 
 def test_the_library_example_without_its_reference_agent_takes_the_self_cold_start():
     """examples/library_env.py:NO_REFERENCE_ENV, the rule issue #69 measures `self` on."""
-    from pathlib import Path
-
     example = Path(__file__).resolve().parents[1] / "examples" / "library_env.py"
     unguided = get_env(f"{example}:NO_REFERENCE_ENV")
     assert unguided.categories == ("title", "loan", "chitchat")
