@@ -31,6 +31,18 @@ class NoReference(RefundEnv):
 ENV = NoReference()
 '''
 
+NEVER_PASSES_ENV = '''
+from posttrain.envs.refund.env import RefundEnv
+
+
+class NeverPasses(RefundEnv):
+    def score(self, reply, case):
+        return 0.0  # no reply passes: a self cold start finds nothing
+
+
+ENV = NeverPasses()
+'''
+
 
 def rows(category: str, scores_by_prompt: list[list[float]], eval_run: int = 0) -> list[dict]:
     """Holdout rows: one group of samples per prompt, a reply passes at score 1.0."""
@@ -326,3 +338,36 @@ def test_a_self_cold_start_finds_trains_on_and_records_the_policys_passing_repli
         assert (folder / "merged" / "config.json").is_file()
         assert summary["cold_start"]["steps"] == sum(entry["steps"] for entry in rounds)
     assert "== cold start (base -> cold start)" in out
+
+
+@pytest.mark.slow
+def test_a_self_cold_start_that_keeps_nothing_reuses_the_bases_evaluation(
+        starter_2m_folder, tmp_path, capsys):
+    """Issue #69: when no reply passes, the policy is unchanged: nothing is saved as
+    merged/, and the base's evaluation stands for the cold start's first (only the repeat
+    the base did not take is sampled). Before, the unchanged policy was saved and
+    evaluated again in full (ten minutes of SmolLM2)."""
+    (tmp_path / "never_env.py").write_text(NEVER_PASSES_ENV)
+    runs = tmp_path / "runs"
+    code = main(["grpo", "--env", f"{tmp_path / 'never_env.py'}:ENV",
+                 "--base-model", "starter-2m", "--prompts", "40", "--eval-samples", "1",
+                 "--eval-repeats", "2", "--steps", "1", "--num-generations", "2",
+                 "--monitor-every", "0", "--cold-start", "self", "--cold-start-prompts", "2",
+                 "--cold-start-samples", "2", "--runs-dir", str(runs), "--run-name", "never"])
+    assert code in (0, 1)
+    out = capsys.readouterr().out
+    folder = runs / "never"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["cold_start"]["demos"] == 0
+    assert len(summary["cold_start"]["self"]["rounds"]) == 1
+    assert "no reply passed in any category: the policy is unchanged" in out
+    assert not (folder / "merged").exists()
+    before = [json.loads(line) for line in (folder / "holdout_before.jsonl").open()]
+    cold = [json.loads(line) for line in (folder / "holdout_cold_start.jsonl").open()]
+    # the plan took one base evaluation; the cold start's two are that one and repeat 1
+    assert {row["eval_run"] for row in before} == {0}
+    assert [row for row in cold if row["eval_run"] == 0] == before
+    later = [row for row in cold if row["eval_run"] == 1]
+    assert len(later) == len(before)
+    assert [row["prompt"] for row in later] == [row["prompt"] for row in before]
+    assert summary["timings"]["cold_start_s"] > 0

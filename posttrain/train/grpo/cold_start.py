@@ -103,15 +103,17 @@ def until_check(context: RecipeContext[Any], settings: Any) -> ColdStartCheck:
         say=context.say)
 
 
-def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
+def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
+                   base: PolicyEvaluation) -> ColdStart:
     """The plan's cold start: SFT on the reference agent's replies to the train prompts,
     or (``--cold-start self``) on the policy's own passing replies, round by round
     (``cold_start_self``); merged into ``context.policy`` (saved as ``merged/``), then
     evaluated on the holdout ``eval_repeats`` times; ``context.before_rows`` becomes those
     rows, RL's baseline. The settings (steps, early stop, balance, rate) and the precision
-    are the plan's."""
+    are the plan's. ``base`` is the base's evaluation: a self cold start that keeps
+    nothing leaves the policy as it was, and the base's rows stand for its own."""
     if plan.cold_start.source == "self":
-        return self_cold_start(context, plan)
+        return self_cold_start(context, plan, base)
     settings = plan.settings
     sft = cold_start_settings(settings)
     train = context.data.train
@@ -126,7 +128,8 @@ def run_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
                              learning_rate=tuned.learning_rate or 0.0)
 
 
-def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
+def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
+                    base: PolicyEvaluation) -> ColdStart:
     """``--cold-start self`` (``cold_start_self``): rounds of sampling the train prompts
     of the categories the base does not pass, keeping what the rule passes and
     fine-tuning on it, while a round finds replies it had not."""
@@ -157,13 +160,19 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan) -> ColdStart:
     if not demos:
         context.say("cold start (self): no reply passed in any category: the policy is "
                     "unchanged, and RL runs from the base")
-    elif nothing:
+        # nothing trained, nothing to save: the base's evaluations are this policy's, and
+        # only the repeats the base did not take are sampled (minutes of a real model)
+        cold = settle_cold_start(context, unchanged_evaluation(
+            context, base, repeats=settings.eval_repeats), demos=0, tuned=tuned,
+            learning_rate=cold_start_learning_rate(settings,
+                                                   parameter_count(context.policy.model)))
+        cold.mining = mining.to_dict()
+        return cold
+    if nothing:
         context.say(f"cold start (self): nothing passed in the budget for "
                     f"{', '.join(nothing)}; RL trains on the rest")
-    rate = tuned.learning_rate or cold_start_learning_rate(
-        settings, parameter_count(context.policy.model))  # no round trained: the rate it had
     cold = finish_cold_start(context, len(demos), tuned, repeats=settings.eval_repeats,
-                             learning_rate=rate)
+                             learning_rate=tuned.learning_rate or 0.0)
     cold.mining = mining.to_dict()
     return cold
 
@@ -226,6 +235,29 @@ def finish_cold_start(context: RecipeContext[Any], demos: int, tuned: FineTuning
         save_policy(trained, context.folder.file("merged"))
     evaluation = evaluate_policy(context, trained, repeats=repeats,
                                  label="cold start: evaluating holdout")
+    return settle_cold_start(context, evaluation, demos=demos, tuned=tuned,
+                             learning_rate=learning_rate)
+
+
+def unchanged_evaluation(context: RecipeContext[Any], base: PolicyEvaluation, *,
+                         repeats: int) -> PolicyEvaluation:
+    """``repeats`` holdout evaluations of a policy the cold start left as it was: the
+    base's own (the same policy and seeds give the same rows), and the later repeats the
+    base did not take (GRPO's plan takes one when it cold-starts) sampled from where its
+    own stopped. ``seconds`` is the new sampling's alone."""
+    kept = base.runs[:repeats]
+    if len(kept) >= repeats:
+        return PolicyEvaluation(runs=kept, seconds=0.0)
+    more = evaluate_policy(context, context.policy, repeats=repeats - len(kept),
+                           first_repeat=len(kept),
+                           label="cold start: evaluating holdout (the base's later repeats)")
+    return PolicyEvaluation(runs=[*kept, *more.runs], seconds=more.seconds)
+
+
+def settle_cold_start(context: RecipeContext[Any], evaluation: PolicyEvaluation, *,
+                      demos: int, tuned: FineTuning, learning_rate: float) -> ColdStart:
+    """The cold start's evaluation made RL's baseline (``context.before_rows``, written as
+    ``holdout_cold_start.jsonl``), said with the guards it allows."""
     context.before_rows = evaluation.rows
     context.folder.write_rows("holdout_cold_start.jsonl", evaluation.rows)
     context.say(f"cold start  {evaluation.describe()}")

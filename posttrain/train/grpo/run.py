@@ -33,7 +33,7 @@ def run_grpo(settings: GRPOSettings, *, say: Any = print) -> dict[str, Any]:
         if not plan.plan_only:
             if plan.cold_start.run:
                 with recipe.timed(context, "cold_start_s"):
-                    cold = run_cold_start(context, plan)
+                    cold = run_cold_start(context, plan, measured.before)
                 measured.cold_start = cold.evaluation
                 measured.notes["cold_start"].update(cold.to_dict())
             with recipe.timed(context, "train_s"):
