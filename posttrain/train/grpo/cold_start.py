@@ -29,6 +29,7 @@ from posttrain.train.console import ConsoleProgress
 from posttrain.train.context import RecipeContext
 from posttrain.train.fused_head import labelled_positions_only
 from posttrain.train.grpo.cold_start_check import ColdStartCheck, check_prompts, first_check_step
+from posttrain.train.grpo.cold_start_hint import tool_openings
 from posttrain.train.grpo.cold_start_self import (
     SelfMining,
     SelfRound,
@@ -37,6 +38,7 @@ from posttrain.train.grpo.cold_start_self import (
     mining_prompts,
     round_steps,
     sample_round,
+    unfound,
 )
 from posttrain.train.grpo.plan import GRPOPlan
 from posttrain.train.measure import PolicyEvaluation, evaluate_policy, evaluation_sampling
@@ -136,17 +138,28 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
     settings = plan.settings
     categories = mined_categories(plan.cold_start.signal)
     records = mining_prompts(list(context.data.train), categories, settings.cold_start_prompts)
+    openings = tool_openings(context.env) if settings.cold_start_hint == "tools" else []
+    hint = (f"; where none passes in a category, as many again with the reply opened by a "
+            f"call of one of its {len(openings)} tools" if openings else "")
     context.say(f"cold start (self): {settings.cold_start_samples} samples at temperature "
                 f"{settings.cold_start_temperature:g} of each of {len(records)} train prompts "
-                f"({', '.join(categories)}) a round, up to {settings.cold_start_rounds} rounds")
+                f"({', '.join(categories)}) a round, up to {settings.cold_start_rounds} rounds"
+                f"{hint}")
     mining = SelfMining(categories)
     demos: list[Demo] = []
     seen: set[tuple[str, str]] = set()
     tuned = FineTuning()
     batch = cold_start_settings(settings).batch_size
     for index in range(1, settings.cold_start_rounds + 1):
-        finds = keep_passing(context, sample_round(context, settings, records, index),
-                             categories, seen, demos)
+        rows = sample_round(context, settings, records, index)
+        # a category the plain samples found nothing in is sampled again, each reply
+        # opened by a call of one of the environment's tools (cold_start_hint)
+        empty = unfound(rows, categories) if openings else []
+        if empty:
+            rows += sample_round(context, settings, [record for record in records
+                                                     if record.get("category") in empty],
+                                 index, openings)
+        finds = keep_passing(context, rows, categories, seen, demos)
         entry = SelfRound(index, finds)
         mining.rounds.append(entry)
         context.say(f"cold start (self): round {index}: "

@@ -14,6 +14,11 @@ categories the base does not pass (the plan's evidence; every category when aske
    again from the fine-tuned policy;
 3. repeat while a round finds replies it had not (at most ``--cold-start-rounds``).
 
+Where a round's plain samples of a category find nothing, the same prompts are sampled
+again with each reply opened by a call of one of the environment's tools
+(``cold_start_hint``; ``--cold-start-hint none`` turns it off), and a passing reply is
+kept as the reply to the plain prompt.
+
 Each round prints, per category, how many passing replies it found in how many samples;
 a category where nothing passes in the budget is said plainly and RL trains on the rest.
 The merged policy is then evaluated on the holdout like the reference cold start's
@@ -31,6 +36,7 @@ from posttrain.policy.sampler import SamplingParams
 from posttrain.progress import progress_bar
 from posttrain.score.rows import grade
 from posttrain.train.context import RecipeContext
+from posttrain.train.grpo.cold_start_hint import OpenedReplyAgent
 from posttrain.train.training_data.demos import Demo
 
 #: epochs over the replies kept so far that one round's fine-tuning takes (within
@@ -40,8 +46,9 @@ SELF_EPOCHS = 3
 
 @dataclass
 class CategoryFind:
-    """One round's sampling of one category: samples drawn, passing replies found (new
-    ones, not found in an earlier round), and on how many prompts."""
+    """One round's sampling of one category: plain samples drawn and passing, the same
+    with the reply opened by a tool call (``cold_start_hint``), replies new to the round
+    (not found in an earlier one), and on how many prompts any passed."""
 
     name: str
     prompts: int = 0
@@ -49,12 +56,20 @@ class CategoryFind:
     passed: int = 0
     new: int = 0
     prompts_passed: int = 0
+    opened_samples: int = 0
+    opened_passed: int = 0
+
+    def found(self) -> int:
+        return self.passed + self.opened_passed
 
     def words(self) -> str:
-        if not self.passed:
-            return f"{self.name} 0 passing of {self.samples} samples"
-        return (f"{self.name} {self.passed} passing of {self.samples} samples ({self.new} "
-                f"new; on {self.prompts_passed} of {self.prompts} prompts)")
+        line = f"{self.name} {self.passed} passing of {self.samples} samples"
+        if self.opened_samples:
+            line += (f", {self.opened_passed} of {self.opened_samples} with the reply opened "
+                     "by a tool call")
+        if not self.found():
+            return line
+        return f"{line} ({self.new} new; on {self.prompts_passed} of {self.prompts} prompts)"
 
 
 @dataclass
@@ -84,7 +99,7 @@ class SelfMining:
 
     def nothing_in(self) -> list[str]:
         """The categories no round found a passing reply for."""
-        found = {find.name for entry in self.rounds for find in entry.finds if find.passed}
+        found = {find.name for entry in self.rounds for find in entry.finds if find.found()}
         return [name for name in self.categories if name not in found]
 
 
@@ -110,42 +125,57 @@ def mining_prompts(train: list[dict[str, Any]], categories: list[str], per_categ
 
 
 def sample_round(context: RecipeContext[Any], settings: Any, records: list[dict[str, Any]],
-                 round_index: int) -> list[dict[str, Any]]:
+                 round_index: int, openings: list[str] | None = None) -> list[dict[str, Any]]:
     """``--cold-start-samples`` graded replies to each record from the policy as it is now,
-    at ``--cold-start-temperature`` (seeded by the run's seed and the round)."""
+    at ``--cold-start-temperature`` (seeded by the run's seed and the round); with
+    ``openings``, each reply begun by one of them (``cold_start_hint``), seeded apart."""
     policy = context.policy
     params = SamplingParams(temperature=settings.cold_start_temperature, top_p=1.0,
                             max_new_tokens=default_max_new_tokens(policy))
+    agent = OpenedReplyAgent(policy, params, openings) if openings else ModelAgent(policy,
+                                                                                   params)
     was_training = policy.model.training
     policy.model.eval()
     total = len(records) * settings.cold_start_samples
+    what = "sampling with tool calls opened" if openings else "sampling"
     try:
-        with progress_bar(f"cold start (self): round {round_index} sampling", total,
+        with progress_bar(f"cold start (self): round {round_index} {what}", total,
                           enabled=context.ranks.is_main) as update:
-            return grade(context.env, records, ModelAgent(policy, params),
-                         k=settings.cold_start_samples,
-                         seed=settings.seed * 1000 + round_index,
+            rows = grade(context.env, records, agent, k=settings.cold_start_samples,
+                         seed=settings.seed * 1000 + round_index + (500 if openings else 0),
                          progress=lambda done, _total: update(done))
     finally:
         if was_training:
             policy.model.train()
+    if openings:
+        for row in rows:
+            row["opened"] = True
+    return rows
 
 
 def keep_passing(context: RecipeContext[Any], rows: list[dict[str, Any]],
                  categories: list[str], seen: set[tuple[str, str]], demos: list[Demo]
                  ) -> list[CategoryFind]:
-    """Add each passing reply not kept before to ``demos``; the round's finds by
-    category."""
+    """Add each passing reply not kept before to ``demos`` (as the reply to the plain
+    prompt, whether its reply was opened for it or not: a row marked ``opened``); the
+    round's finds by category."""
     finds = {name: CategoryFind(name) for name in categories}
     prompts: dict[str, set[str]] = {name: set() for name in categories}
     passed_on: dict[str, set[str]] = {name: set() for name in categories}
     for row in rows:
         find = finds[str(row["category"])]
-        find.samples += 1
+        opened = bool(row.get("opened"))
+        if opened:
+            find.opened_samples += 1
+        else:
+            find.samples += 1
         prompts[find.name].add(row["prompt"])
         if row["reward"] != 1:
             continue
-        find.passed += 1
+        if opened:
+            find.opened_passed += 1
+        else:
+            find.passed += 1
         passed_on[find.name].add(row["prompt"])
         key = (row["prompt"], row["reply"])
         if key in seen:
@@ -158,6 +188,12 @@ def keep_passing(context: RecipeContext[Any], rows: list[dict[str, Any]],
     for name, find in finds.items():
         find.prompts, find.prompts_passed = len(prompts[name]), len(passed_on[name])
     return list(finds.values())
+
+
+def unfound(rows: list[dict[str, Any]], categories: list[str]) -> list[str]:
+    """The categories no row passes in (a round's plain samples)."""
+    passing = {str(row["category"]) for row in rows if row["reward"] == 1}
+    return [name for name in categories if name not in passing]
 
 
 def round_steps(settings: Any, kept: int, batch_size: int) -> int:
