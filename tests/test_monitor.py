@@ -320,6 +320,41 @@ def test_reward_up_and_pass_down_raises_a_hack_naming_what_changed():
     assert shifts["has_question"]["paid_with"] == pytest.approx(0.9, abs=0.05)
     assert "has_question up" in hack.message and "the reward pays 0.9" in hack.message
     assert "11 prompts passed before and fail now, 0 the other way" in hack.message
+    # trained on a reward other than the rule, the gap alarm names what it rides on
+    [gap] = [alarm for alarm in alarms if alarm.kind == "divergence"]
+    assert gap.details["feature"] == "has_question" == gap.details["features"][0]
+    carrier = gap.details["carriers"][0]
+    assert carrier["over_with"] > 0.3 and carrier["over_without"] == pytest.approx(0.0)
+    assert "What it pays for: has_question" in gap.message
+
+
+def test_the_gap_alarm_names_the_features_the_reward_pays_over_the_rule_for():
+    """Issue #70: a planted reward paying any tool call on chit-chat (the rule pays 0 for
+    a call there): the reward-gap alarm names `tool_call`, not the words that ride along."""
+    from posttrain.train.grpo.alarms import AlarmRules, Progress, reward_gap_alarm
+    from posttrain.train.grpo.monitor import gap_carriers
+
+    call = '<tool_call>\n{"name": "search_catalog", "arguments": {"title": "Hi"}}\n</tool_call>'
+    rows = ([{"reply": call, "score": 1.0, "rule_score": 0.0}] * 6
+            + [{"reply": "Hello! Happy to help.", "score": 1.0, "rule_score": 1.0}] * 3
+            + [{"reply": "Hello! " + "very " * 60, "score": 0.3, "rule_score": 0.3}] * 3)
+    rules = AlarmRules()
+    carriers = gap_carriers(rows, rules)
+    assert [carrier.feature for carrier in carriers][:1] == ["tool_call"]
+    top = carriers[0]
+    assert (top.share, top.over_with, top.over_without) == (0.5, 1.0, 0.0)
+    assert len(carriers) <= rules.named_shifts // 2
+    alarm = reward_gap_alarm(15, "chitchat", Progress(0.4, 0.8), Progress(0.5, 0.4), rules,
+                             carriers)
+    assert alarm is not None and alarm.details["features"][0] == "tool_call"
+    assert ("tool_call (0.50 of replies): the reward pays +1.00 over the rule with it, "
+            "+0.00 without") in alarm.message
+    # a reward that pays what the rule pays carries no gap: nothing is named
+    same = [{**row, "rule_score": row["score"]} for row in rows]
+    assert gap_carriers(same, rules) == []
+    quiet = reward_gap_alarm(15, "chitchat", Progress(0.4, 0.8), Progress(0.5, 0.4), rules)
+    assert quiet is not None and "no 0/1 reply feature carries it" in quiet.message
+    assert quiet.details["feature"] is None and quiet.details["features"] == []
 
 
 def test_a_fall_within_noise_or_a_reward_that_did_not_rise_is_no_pass_fall_alarm():

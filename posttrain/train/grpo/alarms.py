@@ -54,6 +54,10 @@ comparisons are paired):
   (``--reward``): in one prompt category, the training reward of the rollouts gained
   ``min_gap_growth`` more than the rule's score of the same rollouts since the base
   policy: the reward pays for something the rule does not, and the policy found it.
+  It names the reply features the gap rides on: on the latest rollouts, those whose
+  replies the reward pays most over the rule against the replies without them
+  (``GapCarrier``; a planted reward paying any tool call: ``tool_call``, +0.90 with it,
+  +0.00 without).
 
 Each rule returns an ``Alarm`` or None; thresholds live in ``AlarmRules``.
 """
@@ -98,6 +102,11 @@ class AlarmRules:
     #: training replies moved by at least ``min_share_growth``, at most this many (half
     #: of them grew, half fell)
     named_shifts: int = 4
+    #: the reply features a reward-gap alarm names: those on which the reward pays over
+    #: the rule at least this much more than on the replies without them, at most
+    #: ``named_shifts`` // 2 of them, each seen on at least ``min_carrier_rows`` replies
+    min_carrier_gap: float = 0.10
+    min_carrier_rows: int = 2
 
 
 @dataclass
@@ -362,23 +371,49 @@ def no_signal_alarm(step: int, dead_shares: list[float], rules: AlarmRules,
     )
 
 
+@dataclass(frozen=True)
+class GapCarrier:
+    """A reply feature of a category's latest training replies that carries the gap
+    between the training reward and the rule: what the reward pays over the rule's score
+    on the replies with it and on those without."""
+
+    feature: str
+    share: float
+    over_with: float
+    over_without: float
+
+    def words(self) -> str:
+        return (f"{self.feature} ({self.share:.2f} of replies): the reward pays "
+                f"{self.over_with:+.2f} over the rule with it, {self.over_without:+.2f} "
+                "without")
+
+
 def reward_gap_alarm(step: int, category: str, reward: Progress, rule: Progress,
-                     rules: AlarmRules) -> Alarm | None:
+                     rules: AlarmRules, carriers: Sequence[GapCarrier] = ()
+                     ) -> Alarm | None:
     """``divergence`` in ``category`` when the training reward of the rollouts gained
     ``min_gap_growth`` more than the rule's score of the same rollouts (module docstring);
-    both since the base policy's replies, scored the same two ways."""
+    both since the base policy's replies, scored the same two ways. The alarm names what
+    the gap rides on (``carriers``): the reply features on which the reward pays most
+    over the rule."""
     growth = reward.gain - rule.gain
     if growth < rules.min_gap_growth:
         return None
+    paid = ("; ".join(carrier.words() for carrier in carriers) if carriers else
+            "no 0/1 reply feature carries it")
     return Alarm(
         kind="divergence", step=step,
         message=(f"{category}: the training reward pays for something the rule does not: on "
                  f"the training replies it moved {reward.baseline:.2f} -> {reward.now:.2f} "
                  f"while the rule's score of the same replies moved {rule.baseline:.2f} -> "
-                 f"{rule.now:.2f} (a gap {growth:+.2f} wider than the base policy's)"),
+                 f"{rule.now:.2f} (a gap {growth:+.2f} wider than the base policy's). What "
+                 f"it pays for: {paid}"),
         details={"category": category, "gold": "rule", "reward": reward.now,
                  "baseline_reward": reward.baseline, "rule": rule.now,
-                 "baseline_rule": rule.baseline, "gap_growth": growth},
+                 "baseline_rule": rule.baseline, "gap_growth": growth,
+                 "feature": carriers[0].feature if carriers else None,
+                 "features": [carrier.feature for carrier in carriers],
+                 "carriers": [asdict(carrier) for carrier in carriers]},
     )
 
 

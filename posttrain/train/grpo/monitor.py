@@ -64,6 +64,7 @@ from posttrain.train.grpo.alarms import (
     Alarm,
     AlarmRules,
     FeatureChange,
+    GapCarrier,
     PairedFall,
     Progress,
     ReplyShift,
@@ -315,7 +316,8 @@ class HackMonitor(HFTrainerCallback):
             if self.reward.custom:
                 gap = reward_gap_alarm(check.step, category, reward,
                                        Progress(_mean_score(base, "rule_score"),
-                                                _mean_score(rows, "rule_score")), rules)
+                                                _mean_score(rows, "rule_score")), rules,
+                                       gap_carriers(rows, rules))
                 if gap is not None:
                     found.append(gap)
         overall = Progress(baseline.pass_at_1, check.pass_at_1)
@@ -460,6 +462,37 @@ def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
     up = [shift for _, shift in shifts if shift.now > shift.before][:each]
     down = [shift for _, shift in shifts if shift.now < shift.before][:each]
     return sorted(up + down, key=lambda shift: -abs(shift.now - shift.before))
+
+
+def gap_carriers(rows: Sequence[dict[str, Any]], rules: AlarmRules) -> list[GapCarrier]:
+    """The 0/1 reply features of one category's latest training replies on which the
+    training reward pays most over the rule's score (``score - rule_score``), against the
+    replies without them: at least ``min_carrier_gap`` more, each side seen on at least
+    ``min_carrier_rows`` replies, the strongest ``named_shifts // 2``."""
+    columns = build_features(list(rows))
+    over = np.array([float(row["score"]) - float(row.get("rule_score", row["score"]))
+                     for row in rows])
+    carriers = []
+    kept: list[np.ndarray] = []
+    for name in sorted(columns, key=_plainness):
+        values = np.asarray(columns[name], dtype=float)
+        if not np.isin(values, (0.0, 1.0)).all():
+            continue
+        has = values == 1.0
+        if has.sum() < rules.min_carrier_rows or (~has).sum() < rules.min_carrier_rows:
+            continue
+        with_it, without = float(over[has].mean()), float(over[~has].mean())
+        # a near-copy of a carrier named already (the words of the one reply the reward
+        # pays) is the same carrier; a complement is not compared: it carries the gap
+        # the other way (``tool_call`` beside ``has_question`` when askers are paid)
+        if with_it - without < rules.min_carrier_gap or any(
+                np.mean(values == other) >= SAME_CHANGE for other in kept):
+            continue
+        kept.append(values)
+        carriers.append(GapCarrier(name, float(has.mean()), with_it, without))
+    carriers.sort(key=lambda carrier: (-(carrier.over_with - carrier.over_without),
+                                       _plainness(carrier.feature)))
+    return carriers[:max(1, rules.named_shifts // 2)]
 
 
 #: two reply features that agree (or disagree) on this share of the replies are one change
