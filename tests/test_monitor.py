@@ -349,6 +349,17 @@ def test_the_gap_alarm_names_the_features_the_reward_pays_over_the_rule_for():
     assert alarm is not None and alarm.details["features"][0] == "tool_call"
     assert ("tool_call (0.50 of replies): the reward pays +1.00 over the rule with it, "
             "+0.00 without") in alarm.message
+    # a paid word said in few replies is weighed by its pay, not its count: the keyword
+    # hack's `sorry` (+0.5) beside forty commoner words, and words riding along with it
+    common = " ".join(f"w{n}" for n in range(40))
+    said = ([{"reply": f"{common} so sorry about it", "score": 0.5, "rule_score": 0.0}] * 4
+            + [{"reply": f"{common} sorry", "score": 0.5, "rule_score": 0.0}] * 2
+            + [{"reply": f"{common} about it", "score": 0.0, "rule_score": 0.0}] * 30)
+    assert gap_carriers(said, rules)[0].feature == "word:sorry"
+    # a reward paying length: the longer half of the replies carries it
+    long = ([{"reply": "x" * (100 + n), "score": 0.8, "rule_score": 0.3} for n in range(6)]
+            + [{"reply": "y" * (10 + n), "score": 0.3, "rule_score": 0.3} for n in range(6)])
+    assert [carrier.feature for carrier in gap_carriers(long, rules)] == ["length"]
     # a reward that pays what the rule pays carries no gap: nothing is named
     same = [{**row, "rule_score": row["score"]} for row in rows]
     assert gap_carriers(same, rules) == []

@@ -469,7 +469,13 @@ def gap_carriers(rows: Sequence[dict[str, Any]], rules: AlarmRules) -> list[GapC
     training reward pays most over the rule's score (``score - rule_score``), against the
     replies without them: at least ``min_carrier_gap`` more, each side seen on at least
     ``min_carrier_rows`` replies, the strongest ``named_shifts // 2``."""
-    columns = build_features(list(rows))
+    # words by their pay, not their count: a paid word said in a few replies is not
+    # among the forty most frequent (the keyword hack's ``sorry``)
+    columns = build_features(list(rows), max_words=CARRIER_WORDS,
+                             min_word_rows=max(3, rules.min_carrier_rows))
+    lengths = columns.pop("length")
+    # length as a 0/1 feature: the longer half of the replies (a reward paying length)
+    columns["length"] = (lengths > np.median(lengths)).astype(float)
     over = np.array([float(row["score"]) - float(row.get("rule_score", row["score"]))
                      for row in rows])
     carriers = []
@@ -490,15 +496,20 @@ def gap_carriers(rows: Sequence[dict[str, Any]], rules: AlarmRules) -> list[GapC
             continue
         kept.append(values)
         carriers.append(GapCarrier(name, float(has.mean()), with_it, without))
-    carriers.sort(key=lambda carrier: (-(carrier.over_with - carrier.over_without),
-                                       _plainness(carrier.feature)))
+    # the widest pay first; of features paid alike (words said only in the paid
+    # replies), the one on the most replies: the paid word is in every paid reply
+    carriers.sort(key=lambda carrier: (-round(carrier.over_with - carrier.over_without, 2),
+                                       -carrier.share, _plainness(carrier.feature)))
     return carriers[:max(1, rules.named_shifts // 2)]
 
+
+#: the most frequent words the gap alarm weighs (``gap_carriers``)
+CARRIER_WORDS = 400
 
 #: two reply features that agree (or disagree) on this share of the replies are one change
 SAME_CHANGE = 0.97
 #: the reply features a person reads first, before the tools, markers, tokens and words
-PLAIN_FEATURES = ("tool_call", "has_question", "has_digits")
+PLAIN_FEATURES = ("tool_call", "has_question", "has_digits", "length")
 
 
 def _plainness(name: str) -> tuple[int, str]:
