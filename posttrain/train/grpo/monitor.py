@@ -317,7 +317,7 @@ class HackMonitor(HFTrainerCallback):
                 gap = reward_gap_alarm(check.step, category, reward,
                                        Progress(_mean_score(base, "rule_score"),
                                                 _mean_score(rows, "rule_score")), rules,
-                                       gap_carriers(rows, rules))
+                                       gap_carriers([*base, *rows], rules))
                 if gap is not None:
                     found.append(gap)
         overall = Progress(baseline.pass_at_1, check.pass_at_1)
@@ -465,10 +465,13 @@ def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
 
 
 def gap_carriers(rows: Sequence[dict[str, Any]], rules: AlarmRules) -> list[GapCarrier]:
-    """The 0/1 reply features of one category's latest training replies on which the
-    training reward pays most over the rule's score (``score - rule_score``), against the
-    replies without them: at least ``min_carrier_gap`` more, each side seen on at least
-    ``min_carrier_rows`` replies, the strongest ``named_shifts // 2``."""
+    """The 0/1 reply features of one category's training replies on which the training
+    reward pays most over the rule's score (``score - rule_score``), against the replies
+    without them: at least ``min_carrier_gap`` more, each side seen on at least
+    ``min_carrier_rows`` replies, the strongest ``named_shifts // 2``. The monitor hands
+    it the base policy's replies with the latest: a paid word the policy now says in
+    every reply has no replies without it among the latest, but has them among the
+    base's."""
     # words by their pay, not their count: a paid word said in a few replies is not
     # among the forty most frequent (the keyword hack's ``sorry``)
     columns = build_features(list(rows), max_words=CARRIER_WORDS,
