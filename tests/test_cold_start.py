@@ -330,7 +330,21 @@ def test_a_self_cold_start_finds_trains_on_and_records_the_policys_passing_repli
     assert len(rounds) == 3 or not any(find["new"] for find in rounds[-1]["categories"])
     demos = [json.loads(line) for line in (folder / "cold_start_demos.jsonl").open()]
     found = sum(find["new"] for entry in rounds for find in entry["categories"])
-    assert len(demos) == found == summary["cold_start"]["demos"]
+    # the anchors: the categories the base passes, sampled once (2 a prompt), their
+    # passing replies joined to the mined ones, up to a mined category's mean
+    anchors = mining["anchors"]
+    assert anchors and {find["name"] for find in anchors} <= set(REFUND.categories) - set(
+        mining["categories"])  # those of the base's evaluation (40 prompts: not all)
+    assert all(find["samples"] == find["prompts"] * 2 for find in anchors)
+    mined = [demo for demo in demos if demo["category"] in mining["categories"]]
+    anchored = [demo for demo in demos if demo["category"] not in mining["categories"]]
+    assert len(mined) == found and len(demos) == summary["cold_start"]["demos"]
+    each = -(-found // len(mining["categories"])) if found else 0
+    for find in anchors:
+        used = sum(demo["category"] == find["name"] for demo in anchored)
+        assert used == min(each, find["new"])
+    if anchors:
+        assert "cold start (self): anchors, to hold what the base passes: " in out
     # seeded, on the suite's pinned kernels: the same find on every CPU with AVX2
     assert found >= 1
     # every reply trained on passes the rule, and none is of a holdout scenario

@@ -70,7 +70,7 @@ def test_an_opened_reply_that_passes_is_kept_for_the_plain_prompt_and_counted_ap
     # whole reply: fine-tuning teaches the policy to open the call itself
     assert demos == [{"prompt": LIBRARY.messages_for(prompt),
                       "completion": [{"role": "assistant", "content": call}],
-                      "scenario_id": f"s-{prompt}"}]
+                      "scenario_id": f"s-{prompt}", "category": "title"}]
     assert CategoryFind("x", opened_passed=1).found() == 1
     # the same reply found again in a later round is not kept twice
     again = keep_passing(context, rows, ["title", "loan"], seen, demos)  # type: ignore[arg-type]
@@ -129,3 +129,16 @@ def test_the_run_opens_tool_calls_only_where_plain_samples_find_nothing(
     with pytest.raises(SystemExit) as refused:
         main(["grpo", "--cold-start-hint", "sometimes"])
     assert refused.value.code == 2
+
+
+def test_anchors_join_the_mined_replies_up_to_a_mined_categorys_mean():
+    from posttrain.train.grpo.cold_start_self import anchor_categories, anchored
+
+    signal = [SimpleNamespace(name=name) for name in ("loan", "title", "chitchat")]
+    assert anchor_categories(signal, ["loan", "title"]) == ["chitchat"]
+    mined = [{"category": "loan", "n": n} for n in range(5)] + [{"category": "title"}] * 2
+    held = [{"category": "chitchat", "n": n} for n in range(9)]
+    # 7 mined replies over 2 mined categories: up to 4 of each anchor category
+    assert anchored(mined, held, 2) == [*mined, *held[:4]]
+    assert anchored([], held, 2) == []  # nothing mined: nothing to hold against
+    assert anchored(mined, [], 2) == mined

@@ -33,6 +33,8 @@ from posttrain.train.grpo.cold_start_hint import tool_openings
 from posttrain.train.grpo.cold_start_self import (
     SelfMining,
     SelfRound,
+    anchor_categories,
+    anchored,
     keep_passing,
     mined_categories,
     mining_prompts,
@@ -148,6 +150,7 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
     mining = SelfMining(categories)
     demos: list[Demo] = []
     seen: set[tuple[str, str]] = set()
+    anchors = find_anchors(context, settings, plan, categories, seen, mining)
     tuned = FineTuning()
     batch = cold_start_settings(settings).batch_size
     for index in range(1, settings.cold_start_rounds + 1):
@@ -166,9 +169,11 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
                     + "; ".join(find.words() for find in finds))
         if not any(find.new for find in finds):
             break  # the policy finds nothing it had not: more rounds would add nothing
-        entry.kept, entry.steps = len(demos), round_steps(settings, len(demos), batch)
-        tuned = tuned.then(fine_tune(context, plan, demos, entry.steps))
-    write_demos(demos, context.folder.file("cold_start_demos.jsonl"))
+        trained = anchored(demos, anchors, len(categories))
+        entry.kept, entry.steps = len(trained), round_steps(settings, len(trained), batch)
+        tuned = tuned.then(fine_tune(context, plan, trained, entry.steps))
+    write_demos(anchored(demos, anchors, len(categories)),
+                context.folder.file("cold_start_demos.jsonl"))
     nothing = mining.nothing_in()
     if not demos:
         context.say("cold start (self): no reply passed in any category: the policy is "
@@ -184,10 +189,33 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
     if nothing:
         context.say(f"cold start (self): nothing passed in the budget for "
                     f"{', '.join(nothing)}; RL trains on the rest")
-    cold = finish_cold_start(context, len(demos), tuned, repeats=settings.eval_repeats,
+    cold = finish_cold_start(context, len(anchored(demos, anchors, len(categories))), tuned,
+                             repeats=settings.eval_repeats,
                              learning_rate=tuned.learning_rate or 0.0)
     cold.mining = mining.to_dict()
     return cold
+
+
+def find_anchors(context: RecipeContext[Any], settings: Any, plan: GRPOPlan,
+                 mined: list[str], seen: set[tuple[str, str]], mining: SelfMining
+                 ) -> list[Demo]:
+    """The anchors (``cold_start_self``): ``--cold-start-anchor-samples`` replies to each
+    of up to ``--cold-start-prompts`` train prompts of every category the base passes,
+    sampled once from the base, the passing ones kept (said, and noted in ``mining``)."""
+    names = anchor_categories(plan.cold_start.signal, mined)
+    if not names or not settings.cold_start_anchor_samples:
+        return []
+    records = mining_prompts(list(context.data.train), names, settings.cold_start_prompts)
+    rows = sample_round(context, replace(settings,
+                                         cold_start_samples=settings.cold_start_anchor_samples),
+                        records, 0)
+    found: list[Demo] = []
+    mining.anchors = keep_passing(context, rows, names, seen, found)
+    context.say("cold start (self): anchors, to hold what the base passes: "
+                + "; ".join(find.words() for find in mining.anchors)
+                + " (as many a category as a mined category has join each round's "
+                "demonstrations)")
+    return found
 
 
 @dataclass

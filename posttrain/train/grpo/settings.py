@@ -300,6 +300,15 @@ class GRPOSettings(RecipeSettings):
                           "they end sooner when a round finds no passing reply it had not",
                   "range": (1, 100)},
     )
+    cold_start_anchor_samples: int = field(
+        default=2,
+        metadata={"help": "--cold-start self: replies sampled once to each of up to "
+                          "--cold-start-prompts train prompts of every category the base "
+                          "passes; the passing ones join the demonstrations, about as many "
+                          "a category as a mined category has, so fine-tuning on the mined "
+                          "moves does not teach them everywhere (0: none)",
+                  "range": (0, 64)},
+    )
     cold_start_hint: str = field(
         default="tools",
         metadata={"help": "--cold-start self: where a round's plain samples of a category "
@@ -414,7 +423,8 @@ def check_grpo_settings(settings: GRPOSettings) -> None:
     for flag, value, low, high in (
             ("--cold-start-samples", settings.cold_start_samples, 1, 1024),
             ("--cold-start-prompts", settings.cold_start_prompts, 1, 100_000),
-            ("--cold-start-rounds", settings.cold_start_rounds, 1, 100)):
+            ("--cold-start-rounds", settings.cold_start_rounds, 1, 100),
+            ("--cold-start-anchor-samples", settings.cold_start_anchor_samples, 0, 64)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise PosttrainError(f"{flag} must be a whole number from {low} to {high}, got "
                                  f"{value!r}")
