@@ -21,8 +21,9 @@ kept as the reply to the plain prompt.
 
 The categories the base passes are sampled once too (``--cold-start-anchor-samples`` a
 prompt), and their passing replies join each round's demonstrations, about as many a
-category as a mined category has: fine-tuned on the mined moves alone, SmolLM2 on the
-library rule called a tool on 7 of 8 chit-chat prompts after 5 steps (RESULTS.md).
+category as a mined category has: fine-tuned on the mined tool calls alone, SmolLM2 on
+the library rule passed 0 of 8 chit-chat prompts of the cold start's check after 10 steps
+(RESULTS.md).
 
 Each round prints, per category, how many passing replies it found in how many samples;
 a category where nothing passes in the budget is said plainly and RL trains on the rest.
