@@ -58,7 +58,8 @@ FILE_SECONDS = {
     "tests/test_pick_tokens.py": 15,
     "tests/test_tinker_sdk.py": 15,
     "tests/test_judge.py": 14,
-    "tests/test_cold_start.py": 14,
+    "tests/test_cold_start.py": 45,
+    "tests/test_cold_start_hint.py": 22,
 }
 
 

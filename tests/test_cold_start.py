@@ -379,8 +379,14 @@ def test_a_self_cold_start_that_keeps_nothing_reuses_the_bases_evaluation(
     folder = runs / "never"
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["status"] == "done" and summary["cold_start"]["demos"] == 0
-    assert len(summary["cold_start"]["self"]["rounds"]) == 1
+    [round_one] = summary["cold_start"]["self"]["rounds"]
     assert "no reply passed in any category: the policy is unchanged" in out
+    # the plain samples found nothing, so each category was sampled again with the reply
+    # opened by a tool call (the hint's own tests: tests/test_cold_start_hint.py)
+    assert round_one["categories"] and all(
+        find["opened_samples"] == find["samples"] > 0 and find["opened_passed"] == 0
+        for find in round_one["categories"])
+    assert "with the reply opened by a call of one of its" in out
     assert not (folder / "merged").exists()
     before = [json.loads(line) for line in (folder / "holdout_before.jsonl").open()]
     cold = [json.loads(line) for line in (folder / "holdout_cold_start.jsonl").open()]

@@ -97,11 +97,11 @@ def test_the_opened_agent_begins_each_reply_with_the_opening_its_seed_chooses(st
 
 
 @pytest.mark.slow
-def test_the_run_opens_tool_calls_only_where_plain_samples_find_nothing(
-        starter_2m_folder, tmp_path, capsys):
-    """Through the CLI: a rule no reply passes; the plain samples find nothing, so each
-    category is sampled again with the reply opened, and the round says both counts.
-    `--cold-start-hint none` samples plain only."""
+def test_no_hint_samples_plain_only_and_a_bad_hint_is_refused(starter_2m_folder, tmp_path,
+                                                               capsys):
+    """Through the CLI, on a rule no reply passes: `--cold-start-hint none` samples plain
+    only. (With the default, `tools`, the same run samples each category again with the
+    reply opened: tests/test_cold_start.py, the self cold start that keeps nothing.)"""
     rule = tmp_path / "never_env.py"
     rule.write_text("from posttrain.envs.refund.env import RefundEnv\n\n\n"
                     "class NeverPasses(RefundEnv):\n"
@@ -109,23 +109,17 @@ def test_the_run_opens_tool_calls_only_where_plain_samples_find_nothing(
                     "        return 0.0\n\n\nENV = NeverPasses()\n")
     from posttrain.cli import main
 
-    summaries = {}
-    for hint in ("tools", "none"):
-        code = main(["grpo", "--env", f"{rule}:ENV", "--base-model", "starter-2m",
-                     "--prompts", "40", "--eval-samples", "1", "--eval-repeats", "1",
-                     "--steps", "1", "--num-generations", "2", "--monitor-every", "0",
-                     "--cold-start", "self", "--cold-start-prompts", "2",
-                     "--cold-start-samples", "2", "--cold-start-hint", hint,
-                     "--runs-dir", str(tmp_path / "runs"), "--run-name", hint])
-        assert code in (0, 1)
-        summaries[hint] = json.loads((tmp_path / "runs" / hint / "summary.json").read_text())
-    out = capsys.readouterr().out
-    opened = summaries["tools"]["cold_start"]["self"]["rounds"][0]["categories"]
-    assert opened and all(find["opened_samples"] == find["samples"] > 0 and
-                          find["opened_passed"] == 0 for find in opened)
-    assert "with the reply opened by a call of one of its" in out
-    plain = summaries["none"]["cold_start"]["self"]["rounds"][0]["categories"]
-    assert all(find["opened_samples"] == 0 for find in plain)
+    code = main(["grpo", "--env", f"{rule}:ENV", "--base-model", "starter-2m",
+                 "--prompts", "40", "--eval-samples", "1", "--eval-repeats", "1",
+                 "--steps", "1", "--num-generations", "2", "--monitor-every", "0",
+                 "--cold-start", "self", "--cold-start-prompts", "2",
+                 "--cold-start-samples", "2", "--cold-start-hint", "none",
+                 "--runs-dir", str(tmp_path / "runs"), "--run-name", "none"])
+    assert code in (0, 1)
+    summary = json.loads((tmp_path / "runs" / "none" / "summary.json").read_text())
+    plain = summary["cold_start"]["self"]["rounds"][0]["categories"]
+    assert plain and all(find["opened_samples"] == 0 < find["samples"] for find in plain)
+    assert "with the reply opened" not in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:
         main(["grpo", "--cold-start-hint", "sometimes"])
     assert refused.value.code == 2
