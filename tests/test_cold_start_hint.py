@@ -136,3 +136,12 @@ def test_anchors_join_the_mined_replies_up_to_a_mined_categorys_mean():
     assert anchored(mined, held, 2) == [*mined, *held[:4]]
     assert anchored([], held, 2) == []  # nothing mined: nothing to hold against
     assert anchored(mined, [], 2) == mined
+
+
+def test_anchor_samples_out_of_range_are_refused(capsys):
+    from posttrain.cli import main
+
+    assert main(["grpo", "--cold-start-anchor-samples", "-1"]) == 2
+    assert "--cold-start-anchor-samples must be at least 0, got -1" in capsys.readouterr().err
+    assert main(["grpo", "--cold-start-anchor-samples", "65"]) == 2
+    assert "--cold-start-anchor-samples" in capsys.readouterr().err
