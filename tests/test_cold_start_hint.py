@@ -10,11 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from posttrain.cli import main
 from posttrain.envs import get_env
 from posttrain.envs.wire import parse_tool_call
 from posttrain.policy.sampler import SamplingParams
 from posttrain.train.grpo.cold_start_hint import OpenedReplyAgent, tool_openings
-from posttrain.train.grpo.cold_start_self import CategoryFind, keep_passing, unfound
+from posttrain.train.grpo.cold_start_self import (
+    CategoryFind,
+    anchor_categories,
+    anchored,
+    keep_passing,
+    unfound,
+)
+from tests.test_cold_start import NEVER_PASSES_ENV
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LIBRARY = get_env(f"{EXAMPLES / 'library_env.py'}:NO_REFERENCE_ENV")
@@ -103,12 +111,7 @@ def test_no_hint_samples_plain_only_and_a_bad_hint_is_refused(starter_2m_folder,
     only. (With the default, `tools`, the same run samples each category again with the
     reply opened: tests/test_cold_start.py, the self cold start that keeps nothing.)"""
     rule = tmp_path / "never_env.py"
-    rule.write_text("from posttrain.envs.refund.env import RefundEnv\n\n\n"
-                    "class NeverPasses(RefundEnv):\n"
-                    "    def score(self, reply, case):\n"
-                    "        return 0.0\n\n\nENV = NeverPasses()\n")
-    from posttrain.cli import main
-
+    rule.write_text(NEVER_PASSES_ENV)
     code = main(["grpo", "--env", f"{rule}:ENV", "--base-model", "starter-2m",
                  "--prompts", "40", "--eval-samples", "1", "--eval-repeats", "1",
                  "--steps", "1", "--num-generations", "2", "--monitor-every", "0",
@@ -126,8 +129,6 @@ def test_no_hint_samples_plain_only_and_a_bad_hint_is_refused(starter_2m_folder,
 
 
 def test_anchors_join_the_mined_replies_up_to_a_mined_categorys_mean():
-    from posttrain.train.grpo.cold_start_self import anchor_categories, anchored
-
     signal = [SimpleNamespace(name=name) for name in ("loan", "title", "chitchat")]
     assert anchor_categories(signal, ["loan", "title"]) == ["chitchat"]
     mined = [{"category": "loan", "n": n} for n in range(5)] + [{"category": "title"}] * 2
@@ -139,8 +140,6 @@ def test_anchors_join_the_mined_replies_up_to_a_mined_categorys_mean():
 
 
 def test_anchor_samples_out_of_range_are_refused(capsys):
-    from posttrain.cli import main
-
     assert main(["grpo", "--cold-start-anchor-samples", "-1"]) == 2
     assert "--cold-start-anchor-samples must be at least 0, got -1" in capsys.readouterr().err
     assert main(["grpo", "--cold-start-anchor-samples", "65"]) == 2

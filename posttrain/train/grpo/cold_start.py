@@ -172,8 +172,8 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
         trained = anchored(demos, anchors, len(categories))
         entry.kept, entry.steps = len(trained), round_steps(settings, len(trained), batch)
         tuned = tuned.then(fine_tune(context, plan, trained, entry.steps))
-    write_demos(anchored(demos, anchors, len(categories)),
-                context.folder.file("cold_start_demos.jsonl"))
+    trained = anchored(demos, anchors, len(categories))  # what the last round trained on
+    write_demos(trained, context.folder.file("cold_start_demos.jsonl"))
     nothing = mining.nothing_in()
     if not demos:
         context.say("cold start (self): no reply passed in any category: the policy is "
@@ -189,8 +189,7 @@ def self_cold_start(context: RecipeContext[Any], plan: GRPOPlan,
     if nothing:
         context.say(f"cold start (self): nothing passed in the budget for "
                     f"{', '.join(nothing)}; RL trains on the rest")
-    cold = finish_cold_start(context, len(anchored(demos, anchors, len(categories))), tuned,
-                             repeats=settings.eval_repeats,
+    cold = finish_cold_start(context, len(trained), tuned, repeats=settings.eval_repeats,
                              learning_rate=tuned.learning_rate or 0.0)
     cold.mining = mining.to_dict()
     return cold

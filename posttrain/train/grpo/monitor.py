@@ -436,10 +436,7 @@ def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
     kept: list[np.ndarray] = []
     # the plainest name first: a feature that is nearly another's copy or complement on
     # these replies (``token:</tool_call>`` beside ``tool_call``) is one change, named once
-    for name in sorted(columns, key=_plainness):
-        values = np.asarray(columns[name], dtype=float)
-        if not np.isin(values, (0.0, 1.0)).all():
-            continue  # a length or a count: the length rule's
+    for name, values in binary_features(columns):  # a length or a count: the length rule's
         if any(max(np.mean(values == other), np.mean(values != other)) >= SAME_CHANGE
                for other in kept):
             continue
@@ -464,6 +461,14 @@ def reply_shifts(base: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],
     return sorted(up + down, key=lambda shift: -abs(shift.now - shift.before))
 
 
+def binary_features(columns: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """The 0/1 reply features of ``columns`` (not lengths or counts), the plainest name
+    first (``_plainness``): of two near-copies, the one a person reads first is kept."""
+    named = ((name, np.asarray(columns[name], dtype=float))
+             for name in sorted(columns, key=_plainness))
+    return [(name, values) for name, values in named if np.isin(values, (0.0, 1.0)).all()]
+
+
 def gap_carriers(rows: Sequence[dict[str, Any]], rules: AlarmRules) -> list[GapCarrier]:
     """The 0/1 reply features of one category's training replies on which the training
     reward pays most over the rule's score (``score - rule_score``), against the replies
@@ -483,10 +488,7 @@ def gap_carriers(rows: Sequence[dict[str, Any]], rules: AlarmRules) -> list[GapC
                      for row in rows])
     carriers = []
     kept: list[np.ndarray] = []
-    for name in sorted(columns, key=_plainness):
-        values = np.asarray(columns[name], dtype=float)
-        if not np.isin(values, (0.0, 1.0)).all():
-            continue
+    for name, values in binary_features(columns):
         has = values == 1.0
         if has.sum() < rules.min_carrier_rows or (~has).sum() < rules.min_carrier_rows:
             continue
